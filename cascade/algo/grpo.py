@@ -1,0 +1,156 @@
+"""The GRPO policy loss as Nemotron-Cascade uses it: per-token PPO clip, group-level token mean.
+
+Why each choice (DESIGN.md section 2):
+- The importance ratio is per token, `pi_theta / pi_old`, computed in log space from the
+  log-probs the rollout engine returned. Without engine log-probs (`old_logprobs=None`) the
+  batch is strictly on-policy: the ratio is `exp(logp - logp.detach())`, worth exactly 1 but
+  with the REINFORCE gradient `A * grad logp`. (Detaching the *old* log-probs from the current
+  ones would make the ratio 1 with clipping dead even for stale data: never do that.)
+- `token` aggregation divides each group's summed token loss by that group's total number of
+  completion tokens (`1 / sum_i |o_i|`), then averages the groups that have any token.
+  `sequence` aggregation averages each sequence's tokens, then the sequences.
+- Masked positions (prompt, padding, dropped samples) are replaced before any arithmetic, so
+  whatever they hold changes neither the loss nor the gradients.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from cascade.algo.masking import keep, token_mask
+
+Aggregation = Literal["token", "sequence"]
+
+
+@dataclass(frozen=True)
+class GrpoLossInput:
+    """One learner batch of completions.
+
+    logprobs:      [B, T] current-policy log-probs of the completion tokens (requires grad).
+    advantages:    [B]    one advantage per sequence (see `group_advantages`).
+    mask:          [B, T] 1/True for tokens that count; prompt, padding, dropped samples 0.
+    group_ids:     [B]    long, which prompt group each row belongs to (any integer labels).
+    old_logprobs:  [B, T] behaviour-policy log-probs from the rollout engine; None = on-policy.
+    ref_logprobs:  [B, T] frozen reference log-probs for the k3 penalty; None = no reference.
+    """
+
+    logprobs: Tensor
+    advantages: Tensor
+    mask: Tensor
+    group_ids: Tensor
+    old_logprobs: Tensor | None = None
+    ref_logprobs: Tensor | None = None
+    aggregation: Aggregation = "token"
+    clip_eps_low: float = 0.2
+    clip_eps_high: float = 0.28
+    kl_coef: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.logprobs.dim() != 2:
+            raise ValueError(f"logprobs must be [B, T], got shape {tuple(self.logprobs.shape)}")
+        b, t = self.logprobs.shape
+        token_mask(self.mask, (b, t))
+        for name in ("old_logprobs", "ref_logprobs"):
+            value = getattr(self, name)
+            if value is not None and tuple(value.shape) != (b, t):
+                raise ValueError(f"{name} has shape {tuple(value.shape)}, expected {(b, t)}")
+        for name in ("advantages", "group_ids"):
+            value = getattr(self, name)
+            if tuple(value.shape) != (b,):
+                raise ValueError(f"{name} has shape {tuple(value.shape)}, expected {(b,)}")
+        if self.aggregation not in ("token", "sequence"):
+            raise ValueError(f"aggregation must be 'token' or 'sequence', got {self.aggregation!r}")
+        if not 0 <= self.clip_eps_low < 1 or self.clip_eps_high < 0:
+            raise ValueError("need 0 <= clip_eps_low < 1 and clip_eps_high >= 0")
+        if self.kl_coef < 0:
+            raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef}")
+        if self.kl_coef > 0 and self.ref_logprobs is None:
+            raise ValueError("kl_coef > 0 needs ref_logprobs")
+
+
+@dataclass(frozen=True)
+class GrpoLossOutput:
+    """loss: scalar tensor to backpropagate. metrics: plain floats for logging.
+
+    Metric keys: `pg_loss` (the clipped policy term alone), `clip_fraction` (share of counted
+    tokens whose clipped branch is active, i.e. zero gradient), `ratio_mean`, `n_tokens`, and
+    `kl` (mean k3 per counted token) when a reference is given.
+    """
+
+    loss: Tensor
+    metrics: dict[str, float]
+
+
+def k3_kl(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    """Per-token k3 estimator of KL(pi || ref): `exp(ref - logp) - (ref - logp) - 1` (>= 0).
+
+    logprobs, ref_logprobs: [B, T] -> [B, T]. The reference is detached.
+    """
+    log_r = ref_logprobs.detach() - logprobs
+    return torch.exp(log_r) - log_r - 1.0
+
+
+def _aggregate(per_token: Tensor, m: Tensor, group_ids: Tensor, aggregation: Aggregation) -> Tensor:
+    """Reduce a masked per-token loss [B, T] (zeros where `m` is False) to a scalar."""
+    seq_sum = per_token.sum(dim=1)  # [B]
+    seq_len = m.sum(dim=1).to(per_token.dtype)  # [B]
+    if aggregation == "sequence":
+        has = seq_len > 0
+        if not bool(has.any()):
+            return per_token.sum() * 0.0
+        return (seq_sum[has] / seq_len[has]).mean()
+    _, inverse = torch.unique(group_ids, return_inverse=True)
+    n_groups = int(inverse.max().item()) + 1 if inverse.numel() else 0
+    group_sum = per_token.new_zeros(n_groups).index_add(0, inverse, seq_sum)  # [n_groups]
+    group_len = per_token.new_zeros(n_groups).index_add(0, inverse, seq_len)  # [n_groups]
+    has = group_len > 0
+    if not bool(has.any()):
+        return per_token.sum() * 0.0
+    return (group_sum[has] / group_len[has]).mean()
+
+
+def grpo_loss(inp: GrpoLossInput) -> GrpoLossOutput:
+    """Clipped GRPO loss (+ optional k3 penalty), aggregated as `inp.aggregation` says.
+
+    Per counted token: `-min(ratio * A, clip(ratio, 1 - eps_low, 1 + eps_high) * A)
+    + kl_coef * k3`, with `ratio = exp(logp - old_logp)`.
+    """
+    m = token_mask(inp.mask, inp.logprobs.shape)
+    logp = keep(inp.logprobs, m)
+    if inp.old_logprobs is None:
+        old = logp.detach()
+    else:
+        old = keep(inp.old_logprobs.detach().to(logp.dtype), m)
+    adv = keep(inp.advantages.detach().to(logp.dtype).unsqueeze(1).expand_as(logp), m)
+
+    ratio = torch.exp(logp - old)  # 1 at masked positions
+    clipped_ratio = ratio.clamp(1.0 - inp.clip_eps_low, 1.0 + inp.clip_eps_high)
+    clip_active = m & (
+        ((adv > 0) & (ratio > 1.0 + inp.clip_eps_high)) | ((adv < 0) & (ratio < 1.0 - inp.clip_eps_low))
+    )
+    # `where` (not `minimum`) so the gradient goes wholly to the branch that is chosen.
+    surrogate = torch.where(clip_active, clipped_ratio * adv, ratio * adv)
+    pg_token = keep(-surrogate, m)
+    per_token = pg_token
+
+    n_tokens = int(m.sum().item())
+    denom = max(n_tokens, 1)
+    metrics: dict[str, float] = {
+        "clip_fraction": float(clip_active.sum().item()) / denom,
+        "ratio_mean": float(keep(ratio.detach(), m).sum().item()) / denom,
+        "n_tokens": float(n_tokens),
+    }
+    if inp.ref_logprobs is not None:
+        ref = keep(inp.ref_logprobs.detach().to(logp.dtype), m)
+        kl_token = keep(k3_kl(logp, ref), m)
+        metrics["kl"] = float(kl_token.detach().sum().item()) / denom
+        if inp.kl_coef > 0:
+            per_token = per_token + inp.kl_coef * kl_token
+
+    loss = _aggregate(per_token, m, inp.group_ids, inp.aggregation)
+    metrics["pg_loss"] = float(_aggregate(pg_token.detach(), m, inp.group_ids, inp.aggregation).item())
+    return GrpoLossOutput(loss=loss, metrics=metrics)

@@ -1,0 +1,109 @@
+"""Resumable checkpoints: model weights, optimizer state and RNG state as safetensors, plus
+the runner's plain state as JSON. A checkpoint directory is also a loadable Hugging Face
+checkpoint (teachers and the rollout service load it with `from_pretrained`).
+
+A checkpoint is written to a temporary directory and renamed into place, so a crash while
+writing never leaves a half checkpoint that `--resume` would pick up.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from cascade.model.loading import Policy
+
+STATE_FILE = "runner_state.json"
+OPTIM_FILE = "optimizer.safetensors"
+RNG_FILE = "rng.safetensors"
+
+
+def save_model_dir(policy: Policy, path: Path) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    policy.model.save_pretrained(path, safe_serialization=True)
+    policy.tokenizer.save_pretrained(path)
+
+
+def _optimizer_tensors(optim: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    state = optim.state_dict()
+    tensors: dict[str, torch.Tensor] = {}
+    scalars: dict[str, Any] = {}
+    for pid, pstate in state["state"].items():
+        for key, value in pstate.items():
+            name = f"{pid}.{key}"
+            if torch.is_tensor(value):
+                tensors[name] = value.detach().clone().contiguous()
+            else:
+                scalars[name] = value
+    return tensors, {"scalars": scalars, "param_groups": state["param_groups"]}
+
+
+def _load_optimizer(
+    optim: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], meta: dict[str, Any]
+) -> None:
+    state: dict[int, dict[str, Any]] = {}
+    for name, value in tensors.items():
+        pid, key = name.split(".", 1)
+        state.setdefault(int(pid), {})[key] = value
+    for name, value in meta["scalars"].items():
+        pid, key = name.split(".", 1)
+        state.setdefault(int(pid), {})[key] = value
+    optim.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+
+
+def save_checkpoint(
+    path: Path,
+    *,
+    policy: Policy,
+    optimizer: torch.optim.Optimizer,
+    generator: torch.Generator,
+    runner_state: dict[str, Any],
+) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    save_model_dir(policy, tmp)
+    tensors, meta = _optimizer_tensors(optimizer)
+    save_file(tensors, str(tmp / OPTIM_FILE))
+    save_file(
+        {"generator": generator.get_state(), "torch_cpu": torch.get_rng_state()},
+        str(tmp / RNG_FILE),
+    )
+    (tmp / STATE_FILE).write_text(json.dumps({"runner": runner_state, "optimizer": meta}, indent=1))
+    if path.exists():
+        shutil.rmtree(path)
+    tmp.rename(path)
+
+
+def load_checkpoint_state(
+    path: Path, *, optimizer: torch.optim.Optimizer, generator: torch.Generator
+) -> dict[str, Any]:
+    """Restore optimizer and RNG state (the weights are loaded by `load_policy(path)`)."""
+    blob = json.loads((path / STATE_FILE).read_text())
+    _load_optimizer(optimizer, load_file(str(path / OPTIM_FILE)), blob["optimizer"])
+    rng = load_file(str(path / RNG_FILE))
+    generator.set_state(rng["generator"])
+    torch.set_rng_state(rng["torch_cpu"])
+    return blob["runner"]
+
+
+def read_runner_state(path: Path) -> dict[str, Any]:
+    return json.loads((path / STATE_FILE).read_text())["runner"]
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    if not root.exists():
+        return None
+    done = sorted(p for p in root.glob("step-*") if p.is_dir() and (p / STATE_FILE).exists())
+    return done[-1] if done else None
+
+
+def prune_checkpoints(root: Path, keep_last: int) -> None:
+    done = sorted(p for p in root.glob("step-*") if p.is_dir() and (p / STATE_FILE).exists())
+    for old in done[:-keep_last]:
+        shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,160 @@
+"""The `cascade` command. Arguments are parsed before anything heavy is imported, so `--help`
+and config validation are instant; torch and transformers load only for real work."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def _fail(message: str, code: int = 2) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return code
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from cascade.config import ConfigError, load_cascade_config
+
+    status = 0
+    for path in args.configs:
+        try:
+            cfg = load_cascade_config(path)
+        except ConfigError as err:
+            print(f"error: {err}", file=sys.stderr)
+            status = 2
+            continue
+        print(f"ok: {path} ({cfg.name}: {' -> '.join(s.label for s in cfg.stages)})")
+    return status
+
+
+def _run_dir(args: argparse.Namespace, cfg) -> Path:
+    if args.run_dir:
+        return Path(args.run_dir)
+    suffix = "" if not args.no_distill else "-no-distill"
+    return cfg.output_dir / f"{cfg.name}{suffix}"
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from cascade.config import ConfigError, load_cascade_config
+
+    try:
+        cfg = load_cascade_config(args.config)
+    except ConfigError as err:
+        return _fail(str(err))
+    if args.seed is not None:
+        cfg = cfg.model_copy(update={"seed": args.seed})
+    if not (cfg.model.path / "config.json").exists():
+        return _fail(
+            f"{args.config}: model.path: {cfg.model.path} is not a model directory "
+            "(build the tiny one with `cascade model init`)"
+        )
+
+    from rich.console import Console
+
+    from cascade.embedded import EmbeddedRunner, RunDirError
+    from cascade.model.loading import ModelLoadError
+    from cascade.progress import RunProgress
+    from cascade.report import print_regression_table
+
+    console = Console(stderr=True)
+    progress = RunProgress(enabled=not args.no_progress, console=console)
+    try:
+        runner = EmbeddedRunner(
+            cfg,
+            run_dir=_run_dir(args, cfg),
+            db_url=args.db,
+            distill=not args.no_distill,
+            resume=args.resume,
+            fresh=args.fresh,
+            log=progress.log,
+            progress=progress,
+            stop_after_steps=args.stop_after_steps,
+        )
+        result = runner.run()
+    except (RunDirError, ModelLoadError) as err:
+        return _fail(str(err))
+    except KeyboardInterrupt:
+        progress.stop()
+        print("interrupted: continue with --resume (from the last checkpoint)", file=sys.stderr)
+        return 130
+    if result.stopped_by in ("paused", "aborted", "interrupted"):
+        print(f"run {result.stopped_by}; continue with: cascade run {args.config} --resume", file=sys.stderr)
+        return 0
+    print_regression_table(result.report_dir)
+    print(f"report: {result.report_dir}")
+    return 0
+
+
+def cmd_model_init(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    if (out / "config.json").exists() and not args.force:
+        print(f"{out} already holds a model (use --force to rebuild)")
+        return 0
+    from cascade.model.build import TinyModelSpec, build_tiny_model
+
+    spec = TinyModelSpec(seed=args.seed)
+    if args.max_steps is not None:
+        spec = TinyModelSpec(
+            seed=args.seed, max_steps=args.max_steps, min_steps=min(args.max_steps, spec.min_steps)
+        )
+    result = build_tiny_model(out, spec)
+    print(
+        f"saved {out} after {result.steps} SFT steps ({result.stopped_by}): "
+        + ", ".join(f"{k} {v:.0%}" for k, v in result.final_scores.items())
+    )
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from cascade.report import print_regression_table
+
+    report = Path(args.run_dir) / "report"
+    if not (report / "regression_table.json").exists():
+        return _fail(f"{args.run_dir}: no report yet (the run has not finished)")
+    print_regression_table(report)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="cascade", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("run", help="run a cascade in one process (embedded mode)")
+    p.add_argument("config", help="cascade YAML file")
+    p.add_argument("--resume", action="store_true", help="continue from the run's last checkpoint")
+    p.add_argument("--fresh", action="store_true", help="delete the run directory first")
+    p.add_argument("--no-distill", action="store_true", help="ablation: no distillation in any stage")
+    p.add_argument("--run-dir", help="default: <output_dir>/<name>[-no-distill]")
+    p.add_argument("--db", help="SQLAlchemy URL for stage state and metrics (default: SQLite in the run dir)")
+    p.add_argument("--seed", type=int, help="override the config's seed")
+    p.add_argument("--no-progress", action="store_true", help="plain log lines instead of progress bars")
+    p.add_argument("--stop-after-steps", type=int, help="checkpoint and stop after N steps (resume later)")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("validate", help="validate cascade configs")
+    p.add_argument("configs", nargs="+")
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("model", help="build models")
+    msub = p.add_subparsers(dest="model_command", required=True)
+    m = msub.add_parser("init", help="train the tiny tokenizer + model locally")
+    m.add_argument("--out", default="models/tiny")
+    m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--force", action="store_true")
+    m.add_argument("--max-steps", type=int, help="cap SFT steps (tests build a quick, weaker model)")
+    m.set_defaults(func=cmd_model_init)
+
+    p = sub.add_parser("report", help="print a finished run's regression table")
+    p.add_argument("run_dir")
+    p.set_defaults(func=cmd_report)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

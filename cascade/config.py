@@ -1,0 +1,363 @@
+"""Typed configuration for a cascade: one YAML file, validated by these models.
+
+The CLI, the services and the control plane all load cascades through `load_cascade_config`,
+so a field means the same thing everywhere. Unknown fields are refused (a typo must not
+silently fall back to a default), and every error names the field path.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+DomainName = Literal["math", "code", "if"]
+"""Domains with a verifier in `cascade.domains`."""
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --------------------------------------------------------------------------- chat template
+
+
+class ChatConfig(StrictModel):
+    """How prompts are rendered: the tokenizer's own chat template plus the thinking flags.
+
+    The flag is appended to the user message (Qwen3's soft switch) and `enable_thinking` is
+    passed to the template, so a real Qwen3 directory and the tiny model behave alike.
+    """
+
+    think_flag: str = "/think"
+    no_think_flag: str = "/no_think"
+    system_prompt: str | None = None
+
+
+# --------------------------------------------------------------------------- prompt sources
+
+
+class SyntheticPrompts(StrictModel):
+    """Prompts made by the domain's own generator (deterministic in `seed`)."""
+
+    kind: Literal["synthetic"] = "synthetic"
+    seed: int = 0
+    n_train: int = Field(2000, ge=1)
+    """Number of distinct training prompts."""
+    n_eval: int = Field(128, ge=1)
+    """Held-out prompts for the domain's eval (disjoint from training prompts)."""
+
+
+class JsonlPrompts(StrictModel):
+    """Prompts from JSON-lines files with fields `id`, `prompt`, `answer`, `meta`."""
+
+    kind: Literal["jsonl"] = "jsonl"
+    train_path: Path
+    eval_path: Path
+
+
+PromptSource = Annotated[SyntheticPrompts | JsonlPrompts, Field(discriminator="kind")]
+
+
+# --------------------------------------------------------------------------- rewards
+
+
+class MathReward(StrictModel):
+    kind: Literal["math"] = "math"
+    timeout_s: float = Field(5.0, gt=0)
+    """Bound on one parse+verify (math-verify's own timeouts need the main thread)."""
+
+
+class CodeReward(StrictModel):
+    kind: Literal["code"] = "code"
+    mode: Literal["all_pass", "pass_fraction"] = "all_pass"
+    time_limit_s: float = Field(2.0, gt=0)
+    """Wall-clock limit for one program's tests."""
+    memory_mb: int = Field(256, ge=16)
+    max_output_bytes: int = Field(65536, ge=256)
+    max_processes: int = Field(16, ge=1)
+
+
+class IfReward(StrictModel):
+    kind: Literal["if"] = "if"
+    mode: Literal["all_pass", "fraction"] = "all_pass"
+    """`all_pass`: 1 only if every instruction holds; `fraction`: share of instructions held."""
+
+
+RewardConfig = Annotated[MathReward | CodeReward | IfReward, Field(discriminator="kind")]
+
+
+# --------------------------------------------------------------------------- schedules
+
+
+class ConstantSchedule(StrictModel):
+    kind: Literal["constant"] = "constant"
+    value: float = Field(..., ge=0)
+
+
+class LinearSchedule(StrictModel):
+    """Linear from `start` to `end` over `steps` stage steps, then held at `end`."""
+
+    kind: Literal["linear"] = "linear"
+    start: float = Field(..., ge=0)
+    end: float = Field(..., ge=0)
+    steps: int = Field(..., ge=1)
+
+
+class CosineSchedule(StrictModel):
+    """Half-cosine from `start` to `end` over `steps` stage steps, then held at `end`."""
+
+    kind: Literal["cosine"] = "cosine"
+    start: float = Field(..., ge=0)
+    end: float = Field(..., ge=0)
+    steps: int = Field(..., ge=1)
+
+
+Schedule = Annotated[ConstantSchedule | LinearSchedule | CosineSchedule, Field(discriminator="kind")]
+
+
+class TokenBudget(StrictModel):
+    """Max new tokens, optionally growing within the stage (the paper's 24K -> 32K -> 40K)."""
+
+    max_new_tokens: int = Field(..., ge=1)
+    grow_to: list[int] = Field(default_factory=list)
+    """Later budgets, each larger than the one before."""
+    grow_every: int | None = Field(None, ge=1)
+    """Stage steps between two growths; required when `grow_to` is set."""
+
+    @model_validator(mode="after")
+    def _check_growth(self) -> TokenBudget:
+        prev = self.max_new_tokens
+        for value in self.grow_to:
+            if value <= prev:
+                raise ValueError(f"grow_to must increase: {value} after {prev}")
+            prev = value
+        if self.grow_to and self.grow_every is None:
+            raise ValueError("grow_every is required when grow_to is set")
+        return self
+
+
+# --------------------------------------------------------------------------- GRPO
+
+
+class GrpoConfig(StrictModel):
+    group_size: int = Field(8, ge=2)
+    """Completions per prompt; advantages are normalised within each group."""
+    prompts_per_step: int = Field(16, ge=1)
+    learning_rate: float = Field(1e-4, gt=0, le=1.0)
+    warmup_steps: int = Field(0, ge=0)
+    """Linear learning-rate warm-up at the start of the stage."""
+    weight_decay: float = Field(0.0, ge=0)
+    max_grad_norm: float = Field(1.0, gt=0)
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1.0)
+    budget: TokenBudget = TokenBudget(max_new_tokens=32)
+    loss_aggregation: Literal["token", "sequence"] = "token"
+    """`token`: sum over the group's tokens / total tokens; `sequence`: mean of sequence means."""
+    clip_eps_low: float = Field(0.2, ge=0, lt=1)
+    clip_eps_high: float = Field(0.28, ge=0)
+    max_staleness: int = Field(0, ge=0)
+    """Policy versions a rollout may lag the learner; 0 = strictly on-policy."""
+    kl_coef: float = Field(0.0, ge=0)
+    """k3 KL penalty to the frozen stage-start policy; 0 disables it."""
+    overlong: Literal["mask", "zero"] = "mask"
+    """Completions cut by the token budget: drop from the loss (`mask`) or score 0 (`zero`)."""
+    thinking: bool = False
+    """Render prompts with the think flag instead of the no-think flag."""
+
+
+class FilterConfig(StrictModel):
+    drop_zero_variance: bool = True
+    """Drop groups whose rewards are all equal (their advantages are all 0)."""
+    prompt_filter: bool = False
+    """Epoch-level: stop sampling prompts that were always or never solved."""
+    solved_threshold: float = Field(1.0, gt=0, le=1)
+    unsolved_threshold: float = Field(0.0, ge=0, lt=1)
+    readmit_prob: float = Field(0.05, ge=0, le=1)
+    """Chance a filtered prompt is sampled again anyway (pass rates drift)."""
+    min_attempts: int = Field(8, ge=1)
+    """Samples seen before a prompt's pass rate is trusted."""
+
+
+class DistillConfig(StrictModel):
+    enabled: bool = True
+    teachers: list[DomainName] | Literal["earlier"] = "earlier"
+    """Teacher domains: explicit, or every domain trained in an earlier stage."""
+    loss: Literal["full", "topk", "sampled"] = "sampled"
+    topk: int = Field(16, ge=1)
+    lam: Schedule = ConstantSchedule(value=1.0)
+    """Weight of the distillation term; scheduled over stage steps."""
+    temperature: float = Field(1.0, gt=0)
+    prompt_source: Literal["replay", "current"] = "replay"
+    """`replay`: prompts from the teacher's own domain; `current`: this stage's prompts."""
+    prompts_per_teacher: int = Field(16, ge=1)
+    samples_per_prompt: int = Field(1, ge=1)
+    teacher_weights: dict[str, float] = Field(default_factory=dict)
+    """Per-teacher weight w_d (default 1.0)."""
+
+
+class AdvanceRule(StrictModel):
+    metric: str = "eval/{domain}"
+    """Metric watched; `{domain}` is the stage's domain."""
+    threshold: float = Field(1.0, ge=0)
+    patience: int = Field(1, ge=1)
+    """Consecutive evals at or above `threshold` needed to advance."""
+    max_steps: int = Field(100, ge=1)
+    min_steps: int = Field(0, ge=0)
+
+
+class EvalConfig(StrictModel):
+    every: int = Field(10, ge=1)
+    """Evaluate every configured domain every `every` stage steps (and at stage ends)."""
+    max_new_tokens: int | None = Field(None, ge=1)
+    """Defaults to the stage's current token budget."""
+    n_prompts: int | None = Field(None, ge=1)
+    """Cap on eval prompts per domain (default: the whole eval split)."""
+
+
+class DomainConfig(StrictModel):
+    """A domain's data and reward, shared by every stage that trains or evaluates it."""
+
+    name: DomainName
+    prompts: PromptSource = SyntheticPrompts()
+    reward: RewardConfig | None = None
+    """Defaults to the domain's own reward kind with default settings."""
+
+    @model_validator(mode="after")
+    def _reward_matches(self) -> DomainConfig:
+        if self.reward is not None and self.reward.kind != self.name:
+            raise ValueError(f"reward kind {self.reward.kind!r} does not match domain {self.name!r}")
+        return self
+
+
+class StageConfig(StrictModel):
+    name: str | None = None
+    domain: DomainName
+    grpo: GrpoConfig = GrpoConfig()
+    filter: FilterConfig = FilterConfig()
+    distill: DistillConfig = DistillConfig()
+    advance: AdvanceRule = AdvanceRule()
+    eval: EvalConfig = EvalConfig()
+
+    @property
+    def label(self) -> str:
+        return self.name or self.domain
+
+
+class ModelConfig(StrictModel):
+    path: Path
+    """A Hugging Face checkpoint directory (the tiny model or e.g. a Qwen3 directory)."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+
+
+class CheckpointConfig(StrictModel):
+    every: int = Field(10, ge=1)
+    """Stage steps between resumable checkpoints."""
+    keep_last: int = Field(2, ge=1)
+
+
+class CascadeConfig(StrictModel):
+    name: str = Field(..., min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    seed: int = 0
+    model: ModelConfig
+    chat: ChatConfig = ChatConfig()
+    domains: list[DomainConfig] = Field(..., min_length=1)
+    """Every domain evaluated throughout the cascade (the regression table's rows)."""
+    stages: list[StageConfig] = Field(..., min_length=1)
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    output_dir: Path = Path("runs")
+
+    @model_validator(mode="after")
+    def _check_domains(self) -> CascadeConfig:
+        names = [d.name for d in self.domains]
+        if len(set(names)) != len(names):
+            raise ValueError(f"domains listed twice: {names}")
+        for i, stage in enumerate(self.stages):
+            if stage.domain not in names:
+                raise ValueError(f"stages.{i}.domain {stage.domain!r} is not in domains {names}")
+            teachers = stage.distill.teachers
+            if isinstance(teachers, list):
+                earlier = {s.domain for s in self.stages[:i]}
+                for t in teachers:
+                    if t not in earlier:
+                        raise ValueError(
+                            f"stages.{i}.distill.teachers: {t!r} is not trained in an earlier stage"
+                        )
+        labels = [s.label for s in self.stages]
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"stage names must be unique (set `name`): {labels}")
+        return self
+
+    def domain(self, name: str) -> DomainConfig:
+        for d in self.domains:
+            if d.name == name:
+                return d
+        raise KeyError(name)
+
+    def teachers_for(self, stage_index: int) -> list[str]:
+        """Teacher domains for a stage: earlier stages' domains, without its own."""
+        stage = self.stages[stage_index]
+        if not stage.distill.enabled:
+            return []
+        if stage.distill.teachers == "earlier":
+            seen: list[str] = []
+            for s in self.stages[:stage_index]:
+                if s.domain != stage.domain and s.domain not in seen:
+                    seen.append(s.domain)
+            return seen
+        return [t for t in stage.distill.teachers if t != stage.domain]
+
+
+# --------------------------------------------------------------------------- loading
+
+
+class ConfigError(Exception):
+    """A config that cannot be used; the message is one line naming the field."""
+
+
+def _format_validation_error(err: ValidationError, source: str) -> str:
+    first = err.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"] if not str(p).startswith("function-after"))
+    # Discriminated unions put the tag in the path (e.g. `reward.code.mode`); keep it, it helps.
+    msg = first["msg"]
+    value = first.get("input")
+    shown = "" if isinstance(value, dict | list) or value is None else f" (got {value!r})"
+    extra = f" (+{err.error_count() - 1} more)" if err.error_count() > 1 else ""
+    where = loc or "<root>"
+    return f"{source}: {where}: {msg}{shown}{extra}"
+
+
+def parse_cascade_config(data: object, source: str = "config") -> CascadeConfig:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: <root>: expected a mapping, got {type(data).__name__}")
+    try:
+        return CascadeConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_format_validation_error(err, source)) from None
+
+
+def load_cascade_config(path: str | Path) -> CascadeConfig:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read: {err.strerror or err}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError(f"{path}: invalid YAML: {where}{problem}") from None
+    config = parse_cascade_config(data, str(path))
+    if not config.model.path.is_absolute():
+        base = path.parent
+        # Relative model paths are relative to the working directory if they exist there,
+        # else to the config file (so examples work from any directory).
+        if not config.model.path.exists() and (base / config.model.path).exists():
+            config = config.model_copy(
+                update={"model": config.model.model_copy(update={"path": base / config.model.path})}
+            )
+    return config

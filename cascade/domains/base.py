@@ -1,0 +1,63 @@
+"""What every domain provides: problems, a reference answer for SFT, and a verifier.
+
+The same `score` is used for training rollouts and for eval (rewards live with their domain).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+# Reasons a verdict can carry. `infra_error` means the verifier itself failed: it is never a
+# reward of 0 for the sample; the learner drops (or retries) such samples.
+OK = "ok"
+WRONG_ANSWER = "wrong_answer"
+NO_ANSWER = "no_answer"
+PARSE_ERROR = "parse_error"
+TIMEOUT = "timeout"
+MEMORY_LIMIT = "memory_limit"
+RUNTIME_ERROR = "runtime_error"
+OUTPUT_LIMIT = "output_limit"
+TRUNCATED = "truncated"
+INFRA_ERROR = "infra_error"
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One prompt of a domain, with what its verifier needs."""
+
+    id: str
+    """Stable across runs: `<domain>-<split>-<index>` for synthetic data."""
+    domain: str
+    prompt: str
+    """The user message (without chat template or thinking flag)."""
+    answer: str
+    """A correct response, used for supervised tuning and as the gold answer."""
+    meta: dict[str, Any] = field(default_factory=dict)
+    """Verifier data (tests for code, rules for if, ...); JSON-serialisable."""
+
+
+@dataclass(frozen=True)
+class RewardVerdict:
+    reward: float
+    reason: str
+    detail: str = ""
+
+    @property
+    def is_infra_error(self) -> bool:
+        return self.reason == INFRA_ERROR
+
+
+class Domain(Protocol):
+    name: str
+
+    def make_problems(self, split: str, n: int, seed: int) -> list[Problem]:
+        """`n` deterministic problems; `split` in {"train", "eval", "sft"} gives disjoint sets."""
+        ...
+
+    def score_batch(
+        self, problems: Sequence[Problem], completions: Sequence[str]
+    ) -> list[RewardVerdict]:
+        """Score completions (text after the chat template, thinking block included)."""
+        ...

@@ -1,0 +1,155 @@
+"""Code domain: infer a hidden integer function from three examples and write it in Python.
+
+A prompt shows `f(2)=5 f(7)=10 f(0)=3. Write f.`; the reference answer is one canonical
+program per family (`def f(x):\\n    return x+3`). The verifier runs the program on the three
+shown and three hidden inputs in the sandbox (`cascade.domains.sandbox`): reward 1/0 when
+every test passes (`all_pass`, stopping at the first failure) or the share passed
+(`pass_fraction`). The shown examples are chosen so that no other function of the families
+agrees with them but differs on the hidden inputs: a correct answer is inferable.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from random import Random
+
+from cascade.config import CodeReward
+from cascade.domains.base import (
+    INFRA_ERROR,
+    NO_ANSWER,
+    OK,
+    Problem,
+    RewardVerdict,
+)
+from cascade.domains.common import Candidate, generate_problems, strip_thinking
+from cascade.domains.sandbox import ExecResult, Job, SandboxLimits, run_jobs
+
+
+@dataclass(frozen=True)
+class Family:
+    """Functions `x -> body(x, k)` for k in `ks`, written canonically as `return <body>`."""
+
+    body: str
+    """Python expression in `x` and `{k}`."""
+    ks: tuple[int, ...] = (0,)
+
+    def functions(self) -> list[tuple[str, Callable[[int], int]]]:
+        """(canonical expression, callable) for every k."""
+        allowed = {"__builtins__": {"max": max, "min": min, "abs": abs}}
+        exprs = [self.body.format(k=k) for k in self.ks]
+        return [(expr, eval(f"lambda x: {expr}", allowed)) for expr in exprs]
+
+
+FAMILIES: tuple[Family, ...] = (
+    Family("x+{k}", tuple(range(1, 10))),
+    Family("x-{k}", tuple(range(1, 10))),
+    Family("{k}-x", tuple(range(5, 21))),
+    Family("x*{k}", tuple(range(2, 10))),
+    Family("x*x"),
+    Family("x*x+{k}", tuple(range(1, 10))),
+    Family("x//{k}", tuple(range(2, 10))),
+    Family("x%{k}", tuple(range(2, 10))),
+    Family("max(x,{k})", tuple(range(3, 16))),
+    Family("min(x,{k})", tuple(range(3, 16))),
+    Family("abs(x-{k})", tuple(range(3, 16))),
+    Family("2*x+{k}", tuple(range(1, 10))),
+)
+
+_BY_FAMILY = [family.functions() for family in FAMILIES]
+_ALL = [fn for functions in _BY_FAMILY for fn in functions]
+
+
+def reference_program(expr: str) -> str:
+    return f"def f(x):\n    return {expr}"
+
+
+def draw_code_problem(rng: Random) -> Candidate:
+    """A family member, 3 shown inputs in 0..20 and 3 hidden ones in 0..30, identifiable."""
+    while True:
+        family = rng.randrange(len(FAMILIES))
+        expr, fn = rng.choice(_BY_FAMILY[family])
+        inputs = rng.sample(range(0, 21), 3)
+        hidden = rng.sample([x for x in range(0, 31) if x not in inputs], 3)
+        if _identifiable(fn, inputs, hidden):
+            break
+    shown = " ".join(f"f({x})={fn(x)}" for x in inputs)
+    tests = [{"input": x, "output": fn(x)} for x in inputs + hidden]
+    meta = {"tests": tests, "entry_point": "f", "n_shown": 3, "family": FAMILIES[family].body}
+    return f"{shown}. Write f.", reference_program(expr), meta
+
+
+def _identifiable(fn: Callable[[int], int], shown: list[int], hidden: list[int]) -> bool:
+    """Every family function agreeing with `fn` on `shown` also agrees on `hidden`."""
+    target = [fn(x) for x in shown]
+    expected = [fn(x) for x in hidden]
+    for _, other in _ALL:
+        if [other(x) for x in shown] == target and [other(x) for x in hidden] != expected:
+            return False
+    return True
+
+
+_FENCE = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL | re.IGNORECASE)
+
+
+def extract_code(completion: str) -> str:
+    """The program in a completion: the first ``` fenced block if any, else the whole response."""
+    response = strip_thinking(completion)
+    match = _FENCE.search(response)
+    code = match.group(1) if match else response
+    return code.strip("\n").rstrip()
+
+
+class CodeDomain:
+    """The code domain: problems plus a sandboxed unit-test scorer."""
+
+    name = "code"
+
+    def __init__(self, config: CodeReward | None = None, *, workers: int = 2) -> None:
+        self.config = config or CodeReward()
+        self.workers = workers
+        """Programs run in parallel by the harness (2 cores here)."""
+        self.limits = SandboxLimits(
+            time_limit_s=self.config.time_limit_s,
+            memory_mb=self.config.memory_mb,
+            max_output_bytes=self.config.max_output_bytes,
+            max_processes=self.config.max_processes,
+        )
+
+    def make_problems(self, split: str, n: int, seed: int) -> list[Problem]:
+        return generate_problems(self.name, split, n, seed, draw_code_problem)
+
+    def score(self, problem: Problem, completion: str) -> RewardVerdict:
+        return self.score_batch([problem], [completion])[0]
+
+    def score_batch(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[RewardVerdict]:
+        if len(problems) != len(completions):
+            raise ValueError(f"{len(problems)} problems but {len(completions)} completions")
+        all_pass = self.config.mode == "all_pass"
+        verdicts: list[RewardVerdict | None] = [None] * len(problems)
+        jobs: list[Job] = []
+        slots: list[int] = []
+        for i, (problem, completion) in enumerate(zip(problems, completions, strict=True)):
+            code = extract_code(completion)
+            tests = problem.meta.get("tests")
+            if not code:
+                verdicts[i] = RewardVerdict(0.0, NO_ANSWER, "no code in the response")
+            elif not tests:
+                verdicts[i] = RewardVerdict(0.0, INFRA_ERROR, f"problem {problem.id} has no tests")
+            else:
+                jobs.append(Job(code, tests, problem.meta.get("entry_point"), stop_on_failure=all_pass))
+                slots.append(i)
+        for i, result in zip(slots, run_jobs(jobs, self.limits, workers=self.workers), strict=True):
+            verdicts[i] = self._verdict(result, all_pass)
+        return [v for v in verdicts if v is not None]
+
+    @staticmethod
+    def _verdict(result: ExecResult, all_pass: bool) -> RewardVerdict:
+        if result.status == INFRA_ERROR:
+            return RewardVerdict(0.0, INFRA_ERROR, result.detail)
+        if result.status == OK:
+            return RewardVerdict(1.0, OK)
+        reward = 0.0 if all_pass or result.total == 0 else result.passed / result.total
+        detail = f"{result.passed}/{result.total} passed; {result.detail}"
+        return RewardVerdict(reward, result.status, detail)

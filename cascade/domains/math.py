@@ -1,0 +1,303 @@
+"""Math domain: 2-digit arithmetic and short word problems, scored by answer equivalence.
+
+Scoring uses math-verify (`verify(gold, pred)`, gold first: it is asymmetric). Its own
+timeouts use SIGALRM and only work in a process's main thread, so this module disables
+them and bounds each parse+verify itself:
+
+- in the main thread: an ITIMER_REAL deadline of `config.timeout_s` around parse+verify;
+- in any other thread (reward service handlers, the embedded learner's helper threads): the
+  same check runs in a worker process (lazily started, `spawn` context), where it is the
+  main thread again, with an outer wall-clock timeout on top. A worker that overruns that is
+  killed (reason `timeout`); a worker that dies is `infra_error` (the learner drops the
+  sample instead of scoring it 0).
+
+Known math-verify quirks (see tests/unit/test_domain_math.py):
+- An unevaluated expression equals its value: `\\boxed{47+38}` (or just echoing "47+38" from
+  the prompt) verifies against `85`. For an integer gold answer we therefore refuse answers
+  that still contain arithmetic between numbers (`wrong_answer`, detail says why).
+- A percentage equals its number: `85%` verifies against `85`. Accepted (harmless here).
+- With several numbers and no `\\boxed{}`, the last one is taken ("84 then 85" -> 85).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import multiprocessing
+import re
+import signal
+import threading
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures.process import BrokenProcessPool
+from random import Random
+from typing import Any
+
+from cascade.config import MathReward
+from cascade.domains.base import (
+    INFRA_ERROR,
+    NO_ANSWER,
+    OK,
+    TIMEOUT,
+    WRONG_ANSWER,
+    Problem,
+    RewardVerdict,
+)
+from cascade.domains.common import Candidate, LruCache, generate_problems, strip_thinking
+
+_NAMES = ("Tom", "Ann", "Sam", "Mia", "Ben", "Eva", "Max", "Zoe", "Leo", "Ivy")
+_ITEMS = ("apples", "pens", "cards", "books", "coins", "eggs", "cups", "toys")
+_GAIN = ("buys {b} more", "finds {b} more", "gets {b} more")
+_LOSS = ("gives away {b}", "loses {b}", "sells {b}")
+
+Check = tuple[str, str]
+"""(reason, detail) of one completion."""
+
+WorkerTask = Callable[[str, str, float], Check]
+
+
+def draw_math_problem(rng: Random) -> Candidate:
+    """One candidate: ~70% "What is a+b?" / "What is a-b?", ~30% a one-step word problem."""
+    if rng.random() < 0.7:
+        a, b = rng.randint(2, 49), rng.randint(2, 49)
+        if rng.random() < 0.5:
+            prompt, value, kind = f"What is {a}+{b}?", a + b, "add"
+        else:
+            a, b = max(a, b), min(a, b)
+            prompt, value, kind = f"What is {a}-{b}?", a - b, "sub"
+    else:
+        name, item = rng.choice(_NAMES), rng.choice(_ITEMS)
+        a = rng.randint(5, 40)
+        if rng.random() < 0.5:
+            b = rng.randint(2, 20)
+            action, value, kind = rng.choice(_GAIN).format(b=b), a + b, "word_add"
+        else:
+            b = rng.randint(2, min(a, 20))
+            action, value, kind = rng.choice(_LOSS).format(b=b), a - b, "word_sub"
+        prompt = f"{name} has {a} {item} and {action}. How many {item}?"
+    return prompt, f"\\boxed{{{value}}}", {"kind": kind}
+
+
+# --------------------------------------------------------------------------- checking
+
+
+class _VerifyTimeout(BaseException):
+    """Raised by our SIGALRM handler; a BaseException so math-verify's `except Exception` lets it out."""
+
+
+@contextlib.contextmanager
+def _deadline(seconds: float) -> Iterator[None]:
+    """Raise `_VerifyTimeout` after `seconds` of wall-clock time (main thread only)."""
+
+    def on_alarm(signum: int, frame: object) -> None:
+        raise _VerifyTimeout()
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _math_verify() -> Any:
+    """Import math-verify lazily (sympy takes ~1 s) and silence its "timeout disabled" warning."""
+    import math_verify
+    import math_verify.grader
+    import math_verify.parser
+
+    # We pass timeouts of None (SIGALRM-based ones would clash with our own deadline), which
+    # makes math-verify log a warning once per process; our deadline replaces them.
+    math_verify.parser.TIMEOUT_WARNING_SHOWN = True
+    math_verify.grader.TIMEOUT_WARNING_SHOWN = True
+    return math_verify
+
+
+def _parse_answer(text: str) -> list[Any]:
+    return list(_math_verify().parse(text, parsing_timeout=None))
+
+
+@functools.lru_cache(maxsize=1024)
+def _parse_gold(gold: str) -> tuple[Any, ...]:
+    parsed = _parse_answer(gold)
+    if not parsed and "\\boxed" not in gold:
+        parsed = _parse_answer(f"\\boxed{{{gold}}}")
+    return tuple(parsed)
+
+
+_NUMERAL = re.compile(r"-?\d+(?:\.\d+)?")
+_ARITHMETIC = re.compile(r"\d\s*(?:[-+*/^×÷]|\\times|\\cdot|\\div)\s*[({]?\s*-?\d|\\d?frac")
+
+
+def _unevaluated(gold: Sequence[Any], pred: Sequence[Any]) -> bool:
+    """True when the gold is a plain number and the prediction is arithmetic still to be done."""
+    gold_text = next((g for g in gold if isinstance(g, str)), "")
+    if not _NUMERAL.fullmatch(gold_text.strip()):
+        return False
+    return any(isinstance(p, str) and _ARITHMETIC.search(p) for p in pred)
+
+
+def check_answer(gold: str, completion: str, timeout_s: float) -> Check:
+    """Score one completion against a gold answer. Must run in the main thread of its process."""
+    response = strip_thinking(completion)
+    if not response:
+        return NO_ANSWER, "empty response"
+    try:
+        with _deadline(timeout_s):
+            gold_parsed = _parse_gold(gold)
+            if not gold_parsed:
+                return INFRA_ERROR, f"gold answer {gold!r} cannot be parsed"
+            pred = _parse_answer(response)
+            if not pred:
+                return NO_ANSWER, "no answer found"
+            if _unevaluated(gold_parsed, pred):
+                return WRONG_ANSWER, f"unevaluated expression {pred[-1]!s:.60}"
+            correct = _math_verify().verify(list(gold_parsed), pred, timeout_seconds=None)
+    except _VerifyTimeout:
+        return TIMEOUT, f"parse+verify exceeded {timeout_s:g}s"
+    if correct:
+        return OK, ""
+    return WRONG_ANSWER, f"got {pred[-1]!s:.60}"
+
+
+def _warm_worker() -> None:
+    _parse_gold("\\boxed{1}")
+
+
+def _ping() -> bool:
+    return True
+
+
+# --------------------------------------------------------------------------- domain
+
+
+class MathDomain:
+    """The math domain: problems plus a math-verify scorer safe to call from any thread."""
+
+    name = "math"
+
+    def __init__(
+        self,
+        config: MathReward | None = None,
+        *,
+        cache_size: int = 4096,
+        worker_grace_s: float = 2.0,
+        worker_start_timeout_s: float = 120.0,
+    ) -> None:
+        self.config = config or MathReward()
+        self.worker_grace_s = worker_grace_s
+        """Extra seconds the outer (worker) timeout allows over `config.timeout_s`."""
+        self.worker_start_timeout_s = worker_start_timeout_s
+        self._cache: LruCache[tuple[str, str], RewardVerdict] = LruCache(cache_size)
+        self._pool: ProcessPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
+        self._worker_task: WorkerTask = check_answer
+        """Function run in the worker process; module-level so it pickles (tests swap it)."""
+        self._finalizer = weakref.finalize(self, _shutdown_pool, [None])
+
+    # ----------------------------------------------------------------- problems
+
+    def make_problems(self, split: str, n: int, seed: int) -> list[Problem]:
+        return generate_problems(self.name, split, n, seed, draw_math_problem)
+
+    # ----------------------------------------------------------------- scoring
+
+    def score(self, problem: Problem, completion: str) -> RewardVerdict:
+        return self.score_batch([problem], [completion])[0]
+
+    def score_batch(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[RewardVerdict]:
+        if len(problems) != len(completions):
+            raise ValueError(f"{len(problems)} problems but {len(completions)} completions")
+        keys = [(p.answer, c) for p, c in zip(problems, completions, strict=True)]
+        verdicts: dict[tuple[str, str], RewardVerdict] = {}
+        todo: list[tuple[str, str]] = []
+        for key in dict.fromkeys(keys):
+            cached = self._cache.get(key)
+            if cached is not None:
+                verdicts[key] = cached
+            else:
+                todo.append(key)
+        if todo:
+            if threading.current_thread() is threading.main_thread():
+                checks = [check_answer(g, c, self.config.timeout_s) for g, c in todo]
+            else:
+                checks = self._check_in_worker(todo)
+            for key, (reason, detail) in zip(todo, checks, strict=True):
+                verdict = RewardVerdict(1.0 if reason == OK else 0.0, reason, detail)
+                verdicts[key] = verdict
+                if reason not in (INFRA_ERROR, TIMEOUT):  # both may pass on a retry
+                    self._cache.put(key, verdict)
+        return [verdicts[key] for key in keys]
+
+    def close(self) -> None:
+        """Stop the worker process, if one was started (it restarts on the next off-thread use)."""
+        with self._pool_lock:
+            self._kill_pool()
+
+    # ----------------------------------------------------------------- worker process
+
+    def _start_pool(self) -> ProcessPoolExecutor:
+        if self._pool is None:
+            context = multiprocessing.get_context("spawn")
+            pool = ProcessPoolExecutor(max_workers=1, mp_context=context, initializer=_warm_worker)
+            self._pool = pool
+            self._finalizer.detach()
+            self._finalizer = weakref.finalize(self, _shutdown_pool, [pool])
+            pool.submit(_ping).result(timeout=self.worker_start_timeout_s)
+        return self._pool
+
+    def _kill_pool(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            _shutdown_pool([pool], kill=True)
+
+    def _check_in_worker(self, items: list[tuple[str, str]]) -> list[Check]:
+        """Checks in the worker, in order; one worker, so each item gets a fresh outer timeout."""
+        results: list[Check] = []
+        restarts = 0
+        with self._pool_lock:
+            while len(results) < len(items):
+                rest = items[len(results) :]
+                try:
+                    pool = self._start_pool()
+                    futures = [pool.submit(self._worker_task, g, c, self.config.timeout_s) for g, c in rest]
+                except Exception as err:  # a pool that cannot start is an infra failure
+                    self._kill_pool()
+                    results += [(INFRA_ERROR, f"math worker failed to start: {err!r:.200}")] * len(rest)
+                    break
+                for future in futures:
+                    try:
+                        results.append(future.result(timeout=self.config.timeout_s + self.worker_grace_s))
+                        continue
+                    except FutureTimeout:
+                        results.append((TIMEOUT, f"worker exceeded {self.config.timeout_s:g}s (killed)"))
+                    except BrokenProcessPool:
+                        results.append((INFRA_ERROR, "math worker process died"))
+                    except Exception as err:  # an exception raised by the task itself
+                        results.append((INFRA_ERROR, f"math worker error: {err!r:.200}"))
+                        continue
+                    # Timed out or died: the worker is unusable; restart it for the rest.
+                    for other in futures:
+                        other.cancel()
+                    self._kill_pool()
+                    restarts += 1
+                    if restarts > 3:
+                        left = len(items) - len(results)
+                        results += [(INFRA_ERROR, "math worker keeps failing")] * left
+                    break
+        return results
+
+
+def _shutdown_pool(holder: list[ProcessPoolExecutor | None], kill: bool = False) -> None:
+    pool = holder[0]
+    if pool is None:
+        return
+    if kill:
+        # ProcessPoolExecutor cannot cancel a running task; kill its processes (private attribute).
+        for process in list((getattr(pool, "_processes", None) or {}).values()):
+            with contextlib.suppress(Exception):
+                process.kill()
+    pool.shutdown(wait=kill, cancel_futures=True)

@@ -1,0 +1,163 @@
+"""Runs untrusted Python programs against tests with time, memory, output and process limits.
+
+`run_jobs(jobs, limits)` starts ONE harness subprocess per call (`python -I -S
+sandbox_harness.py`: a warm interpreter that forks one limited child per program, so an
+execution costs about two forks, not an interpreter start), writes the jobs to its stdin as
+JSON and reads one JSON line per finished job, under an overall timeout. Identical jobs run
+once. Jobs the harness never reports (it crashed or hung) come back as `infra_error`, never as
+a reward of 0. The limits, and how each maps to a reason, are described in `sandbox_harness`.
+
+Test forms: `{"input": x, "output": y}` calls `entry_point(x)`; `{"args": [...], "output": y}`
+calls `entry_point(*args)`; `{"stdin": s, "stdout": t}` runs the program with `s` on stdin and
+compares its stdout (trailing whitespace ignored). Programs get the standard library only.
+
+This is NOT a security boundary: the program shares the test driver's process (it could forge
+its report), reads the host filesystem (as an unprivileged throwaway uid when the harness runs
+as root, else as the harness's user), and has the network. Without root, RLIMIT_NPROC counts
+every process of the harness's user, and a grandchild that calls setsid() escapes the
+process-group kill. The reward-service issue replaces this with a bubblewrap sandbox (started
+as a non-root uid: bwrap as real root is not a sandbox); the limits and reasons stay the same.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from cascade.domains.sandbox_harness import (
+    INFRA_ERROR,
+    MEMORY_LIMIT,
+    OK,
+    OUTPUT_LIMIT,
+    PARSE_ERROR,
+    RUNTIME_ERROR,
+    TIMEOUT,
+    WRONG_ANSWER,
+    SandboxLimits,
+    kill_group,
+)
+
+__all__ = [
+    "INFRA_ERROR",
+    "MEMORY_LIMIT",
+    "OK",
+    "OUTPUT_LIMIT",
+    "PARSE_ERROR",
+    "RUNTIME_ERROR",
+    "TIMEOUT",
+    "WRONG_ANSWER",
+    "ExecResult",
+    "Job",
+    "SandboxLimits",
+    "run_jobs",
+]
+
+HARNESS = Path(__file__).with_name("sandbox_harness.py")
+
+
+@dataclass(frozen=True)
+class Job:
+    code: str
+    tests: Sequence[Mapping[str, Any]]
+    entry_point: str | None = None
+    """Function to call for `input`/`args` tests; None when every test is stdin/stdout."""
+    stop_on_failure: bool = True
+    """Stop at the first failing test (all-pass scoring); False runs them all (pass fraction)."""
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    status: str
+    """`ok` when every test passed, else the first failure's reason."""
+    passed: int
+    total: int
+    detail: str = ""
+    seconds: float = 0.0
+
+
+def run_jobs(
+    jobs: Sequence[Job],
+    limits: SandboxLimits,
+    *,
+    workers: int = 2,
+    overall_timeout_s: float | None = None,
+) -> list[ExecResult]:
+    """Run `jobs` in one harness process; identical jobs run once. Never raises for bad programs."""
+    if not jobs:
+        return []
+    unique: dict[str, int] = {}
+    payload_jobs: list[dict[str, Any]] = []
+    index_of: list[int] = []
+    for job in jobs:
+        record = {
+            "code": job.code,
+            "tests": [dict(t) for t in job.tests],
+            "entry_point": job.entry_point,
+            "stop_on_failure": job.stop_on_failure,
+        }
+        key = json.dumps(record, sort_keys=True)
+        if key not in unique:
+            unique[key] = len(payload_jobs)
+            payload_jobs.append(record)
+        index_of.append(unique[key])
+    if overall_timeout_s is None:
+        rounds = math.ceil(len(payload_jobs) / max(1, workers))
+        overall_timeout_s = 30.0 + rounds * (limits.time_limit_s + 0.5) * 1.5
+    payload = {"limits": asdict(limits), "workers": workers, "jobs": payload_jobs}
+    results = _run_harness(payload, len(payload_jobs), overall_timeout_s)
+    return [results[i] for i in index_of]
+
+
+def _run_harness(payload: dict[str, Any], n: int, timeout_s: float) -> list[ExecResult]:
+    # One directory per harness run, removed here whatever happens to the harness; each job gets
+    # a fresh private directory inside it (0o711: a job can reach its own, not list the others).
+    workdir = tempfile.mkdtemp(prefix="cascade-sbx-")
+    try:
+        os.chmod(workdir, 0o711)
+        data = json.dumps({**payload, "workdir": workdir}).encode()
+        return _communicate(data, n, timeout_s)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _communicate(data: bytes, n: int, timeout_s: float) -> list[ExecResult]:
+    results: list[ExecResult | None] = [None] * n
+    failure = ""
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", str(HARNESS)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+    except OSError as start_error:
+        return [ExecResult(INFRA_ERROR, 0, 0, f"cannot start sandbox harness: {start_error}")] * n
+    try:
+        out, errors = proc.communicate(data, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        kill_group(proc.pid)
+        out, errors = proc.communicate()
+        failure = f"sandbox harness exceeded {timeout_s:.0f}s and was killed"
+    for line in out.splitlines():
+        try:
+            record = json.loads(line)
+            results[record["i"]] = ExecResult(
+                record["status"], record["passed"], record["total"], record["detail"], record["seconds"]
+            )
+        except (ValueError, KeyError, IndexError, TypeError):
+            failure = failure or f"bad harness output line {line[:100]!r}"
+    if not failure and proc.returncode != 0:
+        tail = errors.decode(errors="replace").strip().splitlines()[-1:] or [""]
+        failure = f"sandbox harness exited with {proc.returncode}: {tail[0][:200]}"
+    failure = failure or "sandbox harness did not report this job"
+    return [r if r is not None else ExecResult(INFRA_ERROR, 0, 0, failure) for r in results]

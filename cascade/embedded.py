@@ -1,0 +1,465 @@
+"""The whole cascade in one process: stages in order, GRPO updates, distillation from earlier
+domains' best checkpoints, eval of every domain, resumable checkpoints, state in SQL.
+
+This is the path `make demo` takes. The distributed learner runs the same step (rollout ->
+score -> `rl_term`/`distill_term` -> `apply_update`) with queues and RPCs in between.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from cascade.algo import PromptPassRateFilter, schedule_value, token_budget, warmup_lr_factor
+from cascade.checkpoint import (
+    latest_checkpoint,
+    load_checkpoint_state,
+    prune_checkpoints,
+    read_runner_state,
+    save_checkpoint,
+    save_model_dir,
+)
+from cascade.config import CascadeConfig, StageConfig
+from cascade.curriculum import AdvanceTracker, TeacherRegistry
+from cascade.domains import load_problems, make_domain
+from cascade.domains.base import Domain, Problem
+from cascade.evaluation import evaluate_domain
+from cascade.model.loading import load_model_weights_only, load_policy
+from cascade.progress import RunProgress
+from cascade.rollout import RolloutBatch, collect_groups, sample_completions
+from cascade.run_store import RunStore
+from cascade.trainer import DistillSamples, LossTerm, apply_update, distill_term, rl_term
+
+
+class RunDirError(Exception):
+    pass
+
+
+@dataclass
+class RunState:
+    """Everything besides weights/optimizer/RNG tensors needed to resume (JSON)."""
+
+    stage_index: int = 0
+    stage_step: int = 0
+    global_step: int = 0
+    policy_version: int = 0
+    stage_started: bool = False
+    tracker: dict[str, Any] = field(default_factory=dict)
+    teachers: dict[str, Any] = field(default_factory=dict)
+    filters: dict[str, Any] = field(default_factory=dict)
+    py_rng: Any = None
+    last_eval_global_step: int = -1
+    finished: bool = False
+    store_ids: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    report_dir: Path
+    finished: bool
+    stopped_by: str
+
+
+def _lr_for(stage: StageConfig, step: int) -> float:
+    return stage.grpo.learning_rate * warmup_lr_factor(step, stage.grpo.warmup_steps)
+
+
+class EmbeddedRunner:
+    def __init__(
+        self,
+        config: CascadeConfig,
+        *,
+        run_dir: Path,
+        db_url: str | None = None,
+        distill: bool = True,
+        resume: bool = False,
+        fresh: bool = False,
+        log: Callable[[str], None] = print,
+        progress: RunProgress | None = None,
+        stop_after_steps: int | None = None,
+    ) -> None:
+        self.cfg = config
+        self.run_dir = run_dir
+        self.distill = distill
+        self.log = log
+        self.progress = progress or RunProgress(enabled=False)
+        self.stop_after_steps = stop_after_steps
+        self.ckpt_root = run_dir / "checkpoints"
+        self.teacher_root = run_dir / "teachers"
+        self._prepare_run_dir(resume=resume, fresh=fresh)
+        self.db_url = db_url or f"sqlite:///{(run_dir / 'cascade.db').resolve()}"
+        self.store = RunStore(self.db_url)
+        self.domains: dict[str, Domain] = {d.name: make_domain(d) for d in config.domains}
+        self.train_problems: dict[str, list[Problem]] = {}
+        self.eval_problems: dict[str, list[Problem]] = {}
+        for d in config.domains:
+            self.train_problems[d.name] = load_problems(d, "train")
+            self.eval_problems[d.name] = load_problems(d, "eval")
+        self._by_id = {n: {p.id: p for p in probs} for n, probs in self.train_problems.items()}
+        self.generator = torch.Generator().manual_seed(config.seed)
+        torch.manual_seed(config.seed)
+        self.rng = random.Random(config.seed)
+        self.filters = {n: PromptPassRateFilter(self._filter_cfg(n)) for n in self.domains}
+        self.registry = TeacherRegistry()
+        self.teacher_models: dict[str, tuple[str, torch.nn.Module]] = {}
+        self._pending_teacher_deletes: list[Path] = []
+        self.state = RunState()
+        self.resume_from = latest_checkpoint(self.ckpt_root) if resume else None
+
+    # ------------------------------------------------------------------ set-up
+
+    def _prepare_run_dir(self, *, resume: bool, fresh: bool) -> None:
+        if self.run_dir.exists() and fresh:
+            shutil.rmtree(self.run_dir)
+        if self.run_dir.exists() and any(self.run_dir.iterdir()) and not resume:
+            raise RunDirError(
+                f"{self.run_dir} already holds a run: pass --resume to continue it or --fresh to start over"
+            )
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+
+    def _filter_cfg(self, domain: str):
+        for s in self.cfg.stages:
+            if s.domain == domain:
+                return s.filter
+        return self.cfg.stages[0].filter
+
+    def _load(self) -> None:
+        if self.resume_from is not None:
+            self.policy = load_policy(self.resume_from, self.cfg.model.dtype)
+            saved = read_runner_state(self.resume_from)
+            self.state = RunState(**saved)
+            if self.state.py_rng is not None:
+                self.rng.setstate(_to_rng_state(self.state.py_rng))
+            for n, f in self.filters.items():
+                if n in self.state.filters:
+                    f.load_state_dict(self.state.filters[n])
+            self.registry.load_state_dict(self.state.teachers)
+            self.store.attach(self.state.store_ids)
+            self.store.truncate_after(self.state.global_step)
+            self.log(
+                f"resumed from {self.resume_from.name}: stage {self.state.stage_index + 1}, "
+                f"step {self.state.stage_step}"
+            )
+        else:
+            self.policy = load_policy(self.cfg.model.path, self.cfg.model.dtype)
+            self.state.store_ids = self.store.begin(self.cfg, run_dir=self.run_dir, distill=self.distill)
+        (self.run_dir / "run.json").write_text(
+            json.dumps({"config": self.cfg.model_dump(mode="json"), "distill": self.distill}, indent=1)
+        )
+
+    # ------------------------------------------------------------------ main loop
+
+    def run(self) -> RunResult:
+        self._load()
+        if self.state.finished:
+            self.log("run already finished; writing the report again")
+            return self._finish("already finished")
+        steps_this_call = 0
+        while self.state.stage_index < len(self.cfg.stages):
+            i = self.state.stage_index
+            stage = self.cfg.stages[i]
+            optimizer = torch.optim.AdamW(
+                self.policy.model.parameters(),
+                lr=stage.grpo.learning_rate,
+                weight_decay=stage.grpo.weight_decay,
+            )
+            tracker = AdvanceTracker(stage.advance)
+            resuming = self.resume_from is not None
+            if resuming:
+                assert self.resume_from is not None
+                load_checkpoint_state(self.resume_from, optimizer=optimizer, generator=self.generator)
+                self.resume_from = None
+            if resuming and self.state.stage_started:
+                tracker.load_state_dict(self.state.tracker)
+            else:
+                self.state.stage_started = True
+                self.store.stage_started(i)
+                if i == 0 and self.state.global_step == 0:
+                    self._evaluate(stage)
+            self.log(
+                f"stage {i + 1}/{len(self.cfg.stages)} '{stage.label}' ({stage.domain}), "
+                f"teachers: {self._teacher_domains(i) or 'none'}"
+            )
+            self.progress.start_stage(i, stage.label, stage.advance.max_steps, self.state.stage_step)
+            stopped_by = "max_steps"
+            while self.state.stage_step < stage.advance.max_steps:
+                command = self.store.desired_state(i)
+                if command in ("paused", "aborted"):
+                    self._checkpoint(optimizer, tracker)
+                    self.store.acknowledge(i, command)
+                    self.log(f"stage '{stage.label}' {command} by operator at step {self.state.stage_step}")
+                    return self._finish(command, write_report=False)
+                if command == "completed":
+                    stopped_by = "operator"
+                    break
+                metrics = self._step(stage, optimizer)
+                self.progress.update(self.state.stage_step, metrics)
+                advanced = False
+                if self.state.stage_step % stage.eval.every == 0:
+                    scores = self._evaluate(stage)
+                    self.progress.set_eval(scores)
+                    value = scores.get(stage.domain, 0.0)
+                    advanced = tracker.observe(self.state.stage_step, value)
+                if self.state.stage_step % self.cfg.checkpoint.every == 0:
+                    self._checkpoint(optimizer, tracker)
+                steps_this_call += 1
+                if advanced:
+                    stopped_by = "threshold"
+                    break
+                if self.stop_after_steps is not None and steps_this_call >= self.stop_after_steps:
+                    self._checkpoint(optimizer, tracker)
+                    self.progress.stop()
+                    return self._finish("interrupted", write_report=False)
+            if self.state.last_eval_global_step != self.state.global_step:
+                self._evaluate(stage)
+            self.progress.end_stage()
+            self.store.stage_completed(i, stopped_by=stopped_by, steps=self.state.stage_step)
+            self.log(f"stage '{stage.label}' done after {self.state.stage_step} steps ({stopped_by})")
+            self.state.stage_index += 1
+            self.state.stage_step = 0
+            self.state.stage_started = False
+            self.state.tracker = {}
+            self._checkpoint(None, None)
+        self.state.finished = True
+        self._checkpoint(None, None)
+        return self._finish("completed")
+
+    def _teacher_domains(self, stage_index: int) -> list[str]:
+        if not self.distill:
+            return []
+        return [d for d in self.cfg.teachers_for(stage_index) if self.registry.teacher(d) is not None]
+
+    # ------------------------------------------------------------------ one step
+
+    def _step(self, stage: StageConfig, optimizer: torch.optim.Optimizer) -> dict[str, float]:
+        t0 = time.perf_counter()
+        g = stage.grpo
+        step = self.state.stage_step
+        budget = token_budget(g.budget, step)
+        domain = self.domains[stage.domain]
+        ids = [p.id for p in self.train_problems[stage.domain]]
+        k = min(g.prompts_per_step, len(ids))
+        chosen = [
+            self._by_id[stage.domain][pid] for pid in self.filters[stage.domain].sample(ids, k, self.rng)
+        ]
+        batch = collect_groups(
+            self.policy,
+            self.cfg.chat,
+            domain,
+            chosen,
+            group_size=g.group_size,
+            max_new_tokens=budget,
+            temperature=g.temperature,
+            top_p=g.top_p,
+            thinking=g.thinking,
+            overlong=g.overlong,
+            policy_version=self.state.policy_version,
+            generator=self.generator,
+        )
+        self._update_filter(stage.domain, batch)
+        t_gen = time.perf_counter()
+        rl = rl_term(
+            self.policy.model,
+            batch,
+            g,
+            pad_id=self.policy.pad_token_id,
+            current_version=self.state.policy_version,
+            drop_zero_variance=stage.filter.drop_zero_variance,
+            ref_model=self._reference(stage),
+        )
+        distill_terms, distill_metrics = self._distill_terms(stage, budget)
+        lam = schedule_value(stage.distill.lam, step) if distill_terms else 0.0
+        t_loss = time.perf_counter()
+        update = apply_update(
+            self.policy.model,
+            optimizer,
+            rl=rl,
+            distill=distill_terms,
+            lam=lam,
+            max_grad_norm=g.max_grad_norm,
+            lr=_lr_for(stage, step),
+        )
+        self.state.policy_version += 1
+        self.state.stage_step += 1
+        self.state.global_step += 1
+        t_end = time.perf_counter()
+        metrics: dict[str, Any] = {
+            **rl.metrics,
+            **distill_metrics,
+            **update,
+            "token_budget": float(budget),
+            "time_rollout_s": t_gen - t0,
+            "time_loss_s": t_loss - t_gen,
+            "time_update_s": t_end - t_loss,
+            "time_step_s": t_end - t0,
+            "reasons": batch.reason_counts(),
+        }
+        self.store.record_step(self.state.stage_index, self.state.stage_step, self.state.global_step, metrics)
+        return metrics
+
+    def _update_filter(self, domain: str, batch: RolloutBatch) -> None:
+        rewards = batch.rewards()
+        for gi, p in enumerate(batch.problems):
+            self.filters[domain].update(p.id, rewards[gi].tolist())
+
+    def _reference(self, stage: StageConfig) -> torch.nn.Module | None:
+        if stage.grpo.kl_coef <= 0:
+            return None
+        key = f"reference-{self.state.stage_index}"
+        cached = self.teacher_models.get(key)
+        if cached is None:
+            path = self.run_dir / "references" / f"stage-{self.state.stage_index}"
+            if not path.exists():
+                save_model_dir(self.policy, path)
+            cached = (str(path), load_model_weights_only(path, self.cfg.model.dtype))
+            self.teacher_models[key] = cached
+        return cached[1]
+
+    def _teacher_model(self, domain: str) -> torch.nn.Module:
+        entry = self.registry.teacher(domain)
+        assert entry is not None
+        cached = self.teacher_models.get(domain)
+        if cached is None or cached[0] != str(entry.path):
+            cached = (str(entry.path), load_model_weights_only(entry.path, self.cfg.model.dtype))
+            self.teacher_models[domain] = cached
+        return cached[1]
+
+    def _distill_terms(self, stage: StageConfig, budget: int) -> tuple[list[tuple[float, LossTerm]], dict]:
+        teachers = self._teacher_domains(self.state.stage_index)
+        if not teachers:
+            return [], {}
+        dc = stage.distill
+        g = stage.grpo
+        terms: list[tuple[float, LossTerm]] = []
+        metrics: dict[str, float] = {}
+        for d in teachers:
+            source = d if dc.prompt_source == "replay" else stage.domain
+            pool = self.train_problems[source]
+            problems = self.rng.sample(pool, min(dc.prompts_per_teacher, len(pool)))
+            prompt_ids, gen = sample_completions(
+                self.policy,
+                self.cfg.chat,
+                problems,
+                n=dc.samples_per_prompt,
+                max_new_tokens=budget,
+                temperature=g.temperature,
+                top_p=g.top_p,
+                thinking=g.thinking,
+                generator=self.generator,
+            )
+            samples = DistillSamples(
+                teacher=d,
+                prompt_ids=prompt_ids,
+                completion_ids=gen.completion_ids,
+                rollout_logprobs=gen.logprobs,
+                temperature=g.temperature,
+            )
+            term = distill_term(
+                self.policy.model, self._teacher_model(d), samples, dc, pad_id=self.policy.pad_token_id
+            )
+            terms.append((dc.teacher_weights.get(d, 1.0), term))
+            metrics.update(term.metrics)
+        return terms, metrics
+
+    # ------------------------------------------------------------------ eval, teachers, checkpoints
+
+    def _trained_domains(self) -> set[str]:
+        return {s.domain for s in self.cfg.stages[: self.state.stage_index + 1]}
+
+    def _evaluate(self, stage: StageConfig) -> dict[str, float]:
+        scores: dict[str, float] = {}
+        budget = stage.eval.max_new_tokens or token_budget(stage.grpo.budget, self.state.stage_step)
+        trained = self._trained_domains()
+        for name, domain in self.domains.items():
+            problems = self.eval_problems[name]
+            if stage.eval.n_prompts:
+                problems = problems[: stage.eval.n_prompts]
+            result = evaluate_domain(
+                self.policy,
+                self.cfg.chat,
+                domain,
+                problems,
+                max_new_tokens=budget,
+                thinking=stage.grpo.thinking,
+            )
+            scores[name] = result.score
+            self.store.record_eval(
+                self.state.stage_index, self.state.stage_step, self.state.global_step, result
+            )
+            if name in trained and self.state.global_step > 0:
+                self._offer_teacher(name, result.score)
+        self.state.last_eval_global_step = self.state.global_step
+        self.log(
+            f"  eval @ step {self.state.global_step} (stage step {self.state.stage_step}): "
+            + "  ".join(f"{k} {v:.1%}" for k, v in scores.items())
+        )
+        return scores
+
+    def _offer_teacher(self, domain: str, score: float) -> None:
+        old = self.registry.teacher(domain)
+        path = self.teacher_root / f"{domain}-g{self.state.global_step:06d}"
+        if not self.registry.offer(domain, score, self.state.global_step, str(path)):
+            return
+        save_model_dir(self.policy, path)
+        self.store.record_teacher(
+            self.state.stage_index,
+            self.state.stage_step,
+            self.state.global_step,
+            domain=domain,
+            score=score,
+            path=path,
+        )
+        if old is not None and Path(old.path) != path:
+            self._pending_teacher_deletes.append(Path(old.path))
+
+    def _checkpoint(self, optimizer: torch.optim.Optimizer | None, tracker: AdvanceTracker | None) -> None:
+        self.state.tracker = tracker.state_dict() if tracker is not None else {}
+        self.state.teachers = self.registry.state_dict()
+        self.state.filters = {n: f.state_dict() for n, f in self.filters.items()}
+        self.state.py_rng = _from_rng_state(self.rng.getstate())
+        path = self.ckpt_root / f"step-{self.state.global_step:06d}"
+        opt = optimizer or torch.optim.AdamW(self.policy.model.parameters(), lr=1e-4)
+        save_checkpoint(
+            path,
+            policy=self.policy,
+            optimizer=opt,
+            generator=self.generator,
+            runner_state=self.state.__dict__.copy(),
+        )
+        self.store.record_checkpoint(
+            self.state.stage_index, self.state.stage_step, self.state.global_step, path
+        )
+        prune_checkpoints(self.ckpt_root, self.cfg.checkpoint.keep_last)
+        for old in self._pending_teacher_deletes:
+            shutil.rmtree(old, ignore_errors=True)
+        self._pending_teacher_deletes.clear()
+
+    def _finish(self, stopped_by: str, write_report: bool = True) -> RunResult:
+        report_dir = self.run_dir / "report"
+        if write_report:
+            self.store.finish(
+                status="completed" if stopped_by in ("completed", "already finished") else stopped_by
+            )
+            self.store.write_report(report_dir)
+        return RunResult(
+            run_dir=self.run_dir, report_dir=report_dir, finished=self.state.finished, stopped_by=stopped_by
+        )
+
+
+def _from_rng_state(state: tuple) -> list:
+    version, internal, gauss = state
+    return [version, list(internal), gauss]
+
+
+def _to_rng_state(saved: list) -> tuple:
+    version, internal, gauss = saved
+    return (version, tuple(internal), gauss)

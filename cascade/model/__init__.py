@@ -1,0 +1,1 @@
+"""Loading, chat rendering and building of the policy model (tiny or real)."""

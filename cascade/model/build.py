@@ -1,0 +1,228 @@
+"""`cascade model init`: build the tiny policy locally, from nothing.
+
+Trains a tokenizer on the synthetic data, creates a small Qwen3 causal LM (a real
+`transformers` architecture), and supervised-tunes it on reference answers of every toy
+domain until a stopping rule says it is a useful RL starting point: every domain at or above
+`floor`, none meant to be near perfect. Domains that pass `ceiling` get a smaller share of the
+SFT mix, because the useful window is narrow (8% -> 80% within 100 steps was seen here).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+from cascade.config import ChatConfig, DomainConfig
+from cascade.domains import make_domain
+from cascade.domains.base import Domain, Problem
+from cascade.engine.batch import build_batch
+from cascade.engine.hf import generate
+from cascade.engine.logprobs import completion_logits, gather_logprobs
+from cascade.model.chat import render_prompt
+from cascade.model.tokenizer import train_tokenizer
+
+TINY_DOMAINS = ("math", "code", "if")
+
+
+@dataclass(frozen=True)
+class TinyModelSpec:
+    seed: int = 0
+    hidden_size: int = 128
+    layers: int = 4
+    heads: int = 4
+    kv_heads: int = 2
+    intermediate_size: int = 384
+    vocab_size: int = 384
+    max_positions: int = 256
+    sft_problems_per_domain: int = 3000
+    val_problems_per_domain: int = 64
+    batch_size: int = 48
+    learning_rate: float = 3e-3
+    warmup_steps: int = 30
+    max_steps: int = 2500
+    eval_every: int = 50
+    min_steps: int = 100
+    floor: float = 0.2
+    """Stop once every domain's greedy validation score reaches this."""
+    ceiling: float = 0.6
+    """A domain above this gets `ceiling_weight` of the SFT mix."""
+    ceiling_weight: float = 0.1
+    thinking_fraction: float = 0.1
+    """Share of SFT examples rendered with the think flag (empty think block)."""
+    domains: tuple[str, ...] = TINY_DOMAINS
+
+
+@dataclass
+class SftLog:
+    steps: int = 0
+    stopped_by: str = ""
+    history: list[dict] = field(default_factory=list)
+    final_scores: dict[str, float] = field(default_factory=dict)
+
+
+def _completion_text(problem: Problem, thinking: bool, eos: str) -> str:
+    # With thinking on, the generation prompt ends at "assistant\n": the model writes the
+    # (here empty) think block itself.
+    prefix = "<think>\n\n</think>\n\n" if thinking else ""
+    return f"{prefix}{problem.answer}{eos}"
+
+
+def greedy_scores(
+    model: torch.nn.Module,
+    tokenizer,
+    chat: ChatConfig,
+    domains: dict[str, Domain],
+    problems: dict[str, list[Problem]],
+    max_new_tokens: int = 48,
+) -> dict[str, float]:
+    scores: dict[str, float] = {}
+    eos = [tokenizer.eos_token_id]
+    for name, probs in problems.items():
+        prompts = [
+            list(
+                tokenizer(render_prompt(tokenizer, chat, p.prompt, False), add_special_tokens=False)[
+                    "input_ids"
+                ]
+            )
+            for p in probs
+        ]
+        gen = generate(
+            model,
+            prompts,
+            max_new_tokens=max_new_tokens,
+            eos_ids=eos,
+            pad_id=tokenizer.pad_token_id,
+            greedy=True,
+        )
+        texts = tokenizer.batch_decode(gen.completion_ids, skip_special_tokens=True)
+        verdicts = domains[name].score_batch(probs, texts)
+        scores[name] = sum(v.reward for v in verdicts) / len(verdicts)
+    return scores
+
+
+def _sft_split(
+    spec: TinyModelSpec,
+) -> tuple[dict[str, Domain], dict[str, list[Problem]], dict[str, list[Problem]]]:
+    domains = {n: make_domain(DomainConfig(name=n)) for n in spec.domains}
+    sft: dict[str, list[Problem]] = {}
+    val: dict[str, list[Problem]] = {}
+    for name, dom in domains.items():
+        probs = dom.make_problems(
+            "sft", spec.sft_problems_per_domain + spec.val_problems_per_domain, spec.seed
+        )
+        sft[name] = probs[: spec.sft_problems_per_domain]
+        val[name] = probs[spec.sft_problems_per_domain :]
+    return domains, sft, val
+
+
+def init_tokenizer_and_model(
+    spec: TinyModelSpec, sft: dict[str, list[Problem]]
+) -> tuple[PreTrainedTokenizerFast, Qwen3ForCausalLM]:
+    """A tokenizer trained on the SFT data and a randomly initialised Qwen3 of the spec's size."""
+    torch.manual_seed(spec.seed)
+    chat = ChatConfig()
+    corpus: list[str] = []
+    for probs in sft.values():
+        for p in probs[:1000]:
+            corpus.append(
+                f"<|im_start|>user\n{p.prompt} {chat.no_think_flag}<|im_end|>\n<|im_start|>assistant\n"
+            )
+            corpus.append(f"{p.prompt} {chat.think_flag}\n{p.answer}")
+    tokenizer = train_tokenizer(corpus, vocab_size=spec.vocab_size)
+    config = Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=spec.hidden_size,
+        num_hidden_layers=spec.layers,
+        num_attention_heads=spec.heads,
+        num_key_value_heads=spec.kv_heads,
+        head_dim=spec.hidden_size // spec.heads,
+        intermediate_size=spec.intermediate_size,
+        max_position_embeddings=spec.max_positions,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+    )
+    model = Qwen3ForCausalLM(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return tokenizer, model
+
+
+def save_untrained_model(out_dir: Path, spec: TinyModelSpec = TinyModelSpec()) -> Path:
+    """A random (untrained) tiny model: the fast fixture for plumbing tests."""
+    _, sft, _ = _sft_split(spec)
+    tokenizer, model = init_tokenizer_and_model(spec, sft)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
+    return out_dir
+
+
+def build_tiny_model(out_dir: Path, spec: TinyModelSpec = TinyModelSpec(), log=print) -> SftLog:
+    rng = random.Random(spec.seed)
+    chat = ChatConfig()
+    domains, sft, val = _sft_split(spec)
+    tokenizer, model = init_tokenizer_and_model(spec, sft)
+    eos_text = tokenizer.eos_token
+    n_params = sum(p.numel() for p in model.parameters())
+    log(f"tiny model: Qwen3ForCausalLM, {n_params / 1e6:.2f}M parameters, vocab {len(tokenizer)}")
+
+    def encode(problem: Problem, thinking: bool) -> tuple[list[int], list[int]]:
+        prompt = render_prompt(tokenizer, chat, problem.prompt, thinking)
+        p_ids = list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        c_ids = list(
+            tokenizer(_completion_text(problem, thinking, eos_text), add_special_tokens=False)["input_ids"]
+        )
+        return p_ids, c_ids
+
+    optim = torch.optim.AdamW(model.parameters(), lr=spec.learning_rate, weight_decay=0.01)
+    weights = {n: 1.0 for n in spec.domains}
+    result = SftLog()
+    model.train()
+    for step in range(1, spec.max_steps + 1):
+        names = list(weights)
+        picks = rng.choices(names, weights=[weights[n] for n in names], k=spec.batch_size)
+        pairs = [encode(rng.choice(sft[n]), rng.random() < spec.thinking_fraction) for n in picks]
+        batch = build_batch([p for p, _ in pairs], [c for _, c in pairs], tokenizer.pad_token_id)
+        logits = completion_logits(model, batch)
+        logp = gather_logprobs(logits, batch.completion_ids)
+        loss = -(logp * batch.completion_mask).sum() / batch.completion_mask.sum()
+        for group in optim.param_groups:
+            group["lr"] = spec.learning_rate * min(1.0, step / max(1, spec.warmup_steps))
+        optim.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optim.step()
+        if step % spec.eval_every == 0:
+            scores = greedy_scores(model, tokenizer, chat, domains, val)
+            model.train()
+            result.history.append({"step": step, "loss": float(loss.detach()), **scores})
+            log(
+                f"sft step {step}: loss {float(loss.detach()):.3f} "
+                + " ".join(f"{k} {v:.0%}" for k, v in scores.items())
+            )
+            for name, score in scores.items():
+                weights[name] = spec.ceiling_weight if score >= spec.ceiling else 1.0
+            if step >= spec.min_steps and min(scores.values()) >= spec.floor:
+                result.stopped_by = f"every domain >= floor {spec.floor}"
+                result.final_scores = scores
+                result.steps = step
+                break
+    else:
+        result.stopped_by = "max_steps"
+        result.steps = spec.max_steps
+        result.final_scores = greedy_scores(model, tokenizer, chat, domains, val)
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
+    (out_dir / "sft_log.json").write_text(
+        json.dumps({"spec": asdict(spec), "n_parameters": n_params, **asdict(result)}, indent=2)
+    )
+    return result

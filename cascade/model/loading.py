@@ -1,0 +1,69 @@
+"""Load a policy (model + tokenizer) from a Hugging Face checkpoint directory.
+
+The same code loads the tiny model built by `cascade model init` and a real checkpoint
+(e.g. a Qwen3 directory): only `Auto*` classes, no architecture switch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ModelLoadError(Exception):
+    pass
+
+
+@dataclass
+class Policy:
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        ids = {self.tokenizer.eos_token_id}
+        gen = getattr(self.model, "generation_config", None)
+        extra = getattr(gen, "eos_token_id", None) if gen is not None else None
+        if isinstance(extra, int):
+            ids.add(extra)
+        elif isinstance(extra, list):
+            ids.update(extra)
+        return sorted(i for i in ids if i is not None)
+
+    @property
+    def pad_token_id(self) -> int:
+        pad = self.tokenizer.pad_token_id
+        return int(pad if pad is not None else self.tokenizer.eos_token_id)
+
+
+def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
+    path = Path(path)
+    if not (path / "tokenizer_config.json").exists() and not (path / "tokenizer.json").exists():
+        raise ModelLoadError(f"{path}: no tokenizer files (tokenizer.json / tokenizer_config.json)")
+    tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    if tok.chat_template is None:
+        raise ModelLoadError(f"{path}: tokenizer has no chat_template")
+    return tok
+
+
+def load_policy(path: str | Path, dtype: str = "float32", device: str = "cpu") -> Policy:
+    path = Path(path)
+    if not (path / "config.json").exists():
+        raise ModelLoadError(f"{path}: not a model directory (no config.json); run `cascade model init`?")
+    tok = load_tokenizer(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], local_files_only=True).to(device)
+    return Policy(model=model, tokenizer=tok)
+
+
+def load_model_weights_only(path: str | Path, dtype: str = "float32", device: str = "cpu") -> PreTrainedModel:
+    """A frozen copy (teacher or KL reference) sharing the tokenizer of the policy."""
+    model = AutoModelForCausalLM.from_pretrained(Path(path), dtype=DTYPES[dtype], local_files_only=True)
+    model.to(device).eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model

@@ -1,0 +1,166 @@
+"""The runner's view of the store: one short transaction per event, by stage index.
+
+The embedded runner and the distributed learner both write through this, so stage state,
+metrics, evals and checkpoints land in the same rows whether the database is the run's
+SQLite file or the control plane's Postgres.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from cascade.config import CascadeConfig
+from cascade.evaluation import DomainEval
+from cascade.store import db, repo
+from cascade.store.models import Stage
+
+ACTOR = "runner"
+
+
+class RunStore:
+    def __init__(self, url: str) -> None:
+        self.engine = db.make_engine(url)
+        db.create_all(self.engine)
+        self.cascade_id: int | None = None
+        self.run_id: int | None = None
+        self.stage_ids: list[int] = []
+
+    # ------------------------------------------------------------------ identity
+
+    def begin(self, cfg: CascadeConfig, *, run_dir: Path, distill: bool) -> dict[str, Any]:
+        with db.session_scope(self.engine) as s:
+            cascade = repo.create_cascade(s, name=cfg.name, config=cfg.model_dump(mode="json"))
+            stages = repo.create_stages(
+                s, cascade_id=cascade.id, stages=[(st.label, st.domain) for st in cfg.stages]
+            )
+            run = repo.start_run(
+                s, cascade_id=cascade.id, seed=cfg.seed, distill=distill, output_dir=str(run_dir), actor=ACTOR
+            )
+            repo.set_cascade_status(s, cascade_id=cascade.id, status="running", actor=ACTOR)
+            ids = {"cascade_id": cascade.id, "run_id": run.id, "stage_ids": [st.id for st in stages]}
+        self.attach(ids)
+        return ids
+
+    def attach(self, ids: dict[str, Any]) -> None:
+        self.cascade_id = int(ids["cascade_id"])
+        self.run_id = int(ids["run_id"])
+        self.stage_ids = [int(i) for i in ids["stage_ids"]]
+
+    def _ids(self) -> tuple[int, int]:
+        assert self.cascade_id is not None and self.run_id is not None, "store not attached to a run"
+        return self.cascade_id, self.run_id
+
+    # ------------------------------------------------------------------ stage state
+
+    def stage_started(self, index: int) -> None:
+        with db.session_scope(self.engine) as s:
+            stage = s.get(Stage, self.stage_ids[index])
+            assert stage is not None
+            if stage.state in ("pending", "paused"):
+                repo.transition_stage(s, stage_id=stage.id, to_state="running", actor=ACTOR)
+
+    def desired_state(self, index: int) -> str | None:
+        with db.session_scope(self.engine) as s:
+            return repo.requested_state(s, stage_id=self.stage_ids[index])
+
+    def acknowledge(self, index: int, state: str) -> None:
+        """Apply an operator's pause or abort at this step boundary."""
+        _, run_id = self._ids()
+        with db.session_scope(self.engine) as s:
+            repo.transition_stage(s, stage_id=self.stage_ids[index], to_state=state, actor=ACTOR)
+            if state == "aborted":
+                repo.finish_run(s, run_id=run_id, status="aborted", actor=ACTOR)
+                repo.set_cascade_status(s, cascade_id=self.cascade_id, status="aborted", actor=ACTOR)
+
+    def stage_completed(self, index: int, *, stopped_by: str, steps: int) -> None:
+        with db.session_scope(self.engine) as s:
+            repo.transition_stage(
+                s,
+                stage_id=self.stage_ids[index],
+                to_state="completed",
+                actor=ACTOR,
+                detail={"stopped_by": stopped_by, "steps": steps},
+            )
+
+    def finish(self, status: str) -> None:
+        cascade_id, run_id = self._ids()
+        with db.session_scope(self.engine) as s:
+            repo.finish_run(s, run_id=run_id, status=status, actor=ACTOR)
+            repo.set_cascade_status(s, cascade_id=cascade_id, status=status, actor=ACTOR)
+
+    # ------------------------------------------------------------------ metrics
+
+    def truncate_after(self, global_step: int) -> None:
+        _, run_id = self._ids()
+        with db.session_scope(self.engine) as s:
+            repo.discard_after(s, run_id=run_id, global_step=global_step)
+
+    def record_step(self, index: int, step: int, global_step: int, metrics: dict[str, Any]) -> None:
+        _, run_id = self._ids()
+        with db.session_scope(self.engine) as s:
+            repo.record_step(
+                s,
+                run_id=run_id,
+                stage_id=self.stage_ids[index],
+                step=step,
+                global_step=global_step,
+                metrics=metrics,
+            )
+
+    def record_eval(self, index: int, step: int, global_step: int, result: DomainEval) -> None:
+        _, run_id = self._ids()
+        with db.session_scope(self.engine) as s:
+            repo.record_eval(
+                s,
+                run_id=run_id,
+                stage_id=self.stage_ids[index],
+                step=step,
+                global_step=global_step,
+                domain=result.domain,
+                score=result.score,
+                n=result.n,
+                reasons=result.reasons,
+            )
+
+    def record_checkpoint(self, index: int, step: int, global_step: int, path: Path) -> None:
+        _, run_id = self._ids()
+        index = min(index, len(self.stage_ids) - 1)
+        with db.session_scope(self.engine) as s:
+            repo.record_checkpoint(
+                s,
+                run_id=run_id,
+                stage_id=self.stage_ids[index],
+                step=step,
+                global_step=global_step,
+                path=str(path),
+                kind="resume",
+            )
+
+    def record_teacher(
+        self, index: int, step: int, global_step: int, *, domain: str, score: float, path: Path
+    ) -> None:
+        _, run_id = self._ids()
+        with db.session_scope(self.engine) as s:
+            row = repo.record_checkpoint(
+                s,
+                run_id=run_id,
+                stage_id=self.stage_ids[index],
+                step=step,
+                global_step=global_step,
+                path=str(path),
+                kind="teacher",
+                domain=domain,
+                score=score,
+            )
+            repo.mark_teacher(s, run_id=run_id, domain=domain, checkpoint_id=row.id, actor=ACTOR)
+
+    # ------------------------------------------------------------------ report
+
+    def write_report(self, out_dir: Path) -> None:
+        from cascade.report import write_report
+
+        _, run_id = self._ids()
+        with db.session_scope(self.engine) as s:
+            history = repo.load_history(s, run_id)
+        write_report(history, run_id, out_dir)

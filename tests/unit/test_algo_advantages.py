@@ -1,0 +1,47 @@
+"""Group-relative advantages: per group, sample std, exact zeros for flat groups."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cascade.algo import group_advantages, zero_variance_mask
+
+
+def test_seed_002_worked_example_uses_sample_std() -> None:
+    # Seed 002: rewards [1, 1, 0, 0]; mean 0.5; sample std sqrt(((0.5^2) * 4) / 3) = 0.57735;
+    # 0.5 / (0.57735 + 1e-6) = 0.8660239 (population std 0.5 would give 1.0).
+    adv = group_advantages(torch.tensor([[1.0, 1.0, 0.0, 0.0]]))
+    expected = torch.tensor([[0.8660239, 0.8660239, -0.8660239, -0.8660239]])
+    torch.testing.assert_close(adv, expected, atol=1e-6, rtol=0)
+
+
+def test_normalised_per_group_not_per_batch() -> None:
+    # Group 0 [0, 0.2, 0.2]: mean 0.133333, deviations [-0.133333, 0.066667, 0.066667],
+    #   sample var (0.017778 + 2 * 0.004444) / 2 = 0.013333, std 0.115470 -> [-1.154701, 0.577350, 0.577350].
+    # Group 1 [1, 3, 5]: mean 3, sample std sqrt((4 + 0 + 4) / 2) = 2 -> [-1, 0, 1].
+    # A batch-wide normalisation would give every completion of group 0 a negative advantage.
+    adv = group_advantages(torch.tensor([[0.0, 0.2, 0.2], [1.0, 3.0, 5.0]]))
+    torch.testing.assert_close(
+        adv, torch.tensor([[-1.154701, 0.577350, 0.577350], [-1.0, 0.0, 1.0]]), atol=2e-5, rtol=0
+    )
+
+
+def test_flat_group_is_exactly_zero() -> None:
+    # In float32, mean([0.9, 0.9, 0.9]) - 0.9 = 5.96e-8, and / (0 + 1e-6) that would be a 0.06 advantage:
+    # the flat-group mask, not the arithmetic, must make it 0.
+    rewards = torch.tensor([[0.9, 0.9, 0.9], [0.0, 0.0, 0.0], [0.0, 1.0, 1.0]])
+    adv = group_advantages(rewards)
+    assert torch.equal(adv[:2], torch.zeros(2, 3))
+    assert adv[2].abs().sum() > 0
+    assert zero_variance_mask(rewards).tolist() == [True, True, False]
+
+
+def test_integer_rewards_and_shape_errors() -> None:
+    adv = group_advantages(torch.tensor([[1, 0]]))
+    # [1, 0]: mean 0.5, sample std sqrt(0.5) = 0.707107 -> +-0.707106
+    torch.testing.assert_close(adv, torch.tensor([[0.707106, -0.707106]]), atol=2e-5, rtol=0)
+    with pytest.raises(ValueError):
+        group_advantages(torch.tensor([1.0, 0.0]))
+    with pytest.raises(ValueError):
+        group_advantages(torch.tensor([[1.0], [0.0]]))

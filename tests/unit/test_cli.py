@@ -1,0 +1,161 @@
+"""The `cascade` command as a user runs it (a subprocess): bad configs exit 2 with exactly one
+line on stderr naming the field, never a traceback, and nothing is written."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _cli(*args: str, cwd: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "NO_COLOR": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "cascade.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd or REPO,
+        env=env,
+        timeout=timeout,
+    )
+
+
+def _config(tmp_path: Path, model_path: Path | str = "/nonexistent/model") -> dict[str, Any]:
+    return {
+        "name": "cli-test",
+        "model": {"path": str(model_path)},
+        "domains": [{"name": "if"}, {"name": "math"}],
+        "stages": [{"domain": "if"}, {"domain": "math"}],
+        "output_dir": str(tmp_path / "out"),
+    }
+
+
+def _write(tmp_path: Path, data: Any, name: str = "bad.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(data) if not isinstance(data, str) else data)
+    return path
+
+
+def _one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: "), lines[0]
+    return lines[0]
+
+
+def _bad_group_size(tmp_path: Path) -> dict[str, Any]:
+    data = _config(tmp_path)
+    data["stages"][1]["grpo"] = {"group_size": 1}
+    return data
+
+
+def _typo(tmp_path: Path) -> dict[str, Any]:
+    data = _config(tmp_path)
+    data["stages"][0]["evall"] = {"every": 2}
+    return data
+
+
+def _missing_model(tmp_path: Path) -> dict[str, Any]:
+    data = _config(tmp_path)
+    del data["model"]
+    return data
+
+
+BAD = {
+    "group_size": (_bad_group_size, "stages.1.grpo.group_size"),
+    "typo": (_typo, "stages.0.evall"),
+    "missing_model": (_missing_model, "model"),
+}
+
+
+@pytest.mark.parametrize("command", ["validate", "run"])
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_config_exits_2_with_one_line(tmp_path: Path, command: str, case: str) -> None:
+    make, field = BAD[case]
+    path = _write(tmp_path, make(tmp_path))
+    proc = _cli(command, str(path))
+    line = _one_error_line(proc)
+    assert f": {field}: " in line
+    assert str(path) in line
+    assert not (tmp_path / "out").exists(), "a refused config must not create the output dir"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml"]
+
+
+@pytest.mark.parametrize("command", ["validate", "run"])
+def test_bad_yaml_exits_2_with_line_and_column(tmp_path: Path, command: str) -> None:
+    path = _write(tmp_path, f"name: x\noutput_dir: {tmp_path / 'out'}\nmodel: {{path: /x\n")
+    line = _one_error_line(_cli(command, str(path)))
+    assert "invalid YAML" in line and "line 4, column 1" in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_validate_ok_and_bad_together(tmp_path: Path) -> None:
+    good = _write(tmp_path, _config(tmp_path), "good.yaml")
+    bad = _write(tmp_path, _bad_group_size(tmp_path))
+    proc = _cli("validate", str(good), str(bad))
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert proc.stdout.splitlines() == [f"ok: {good} (cli-test: if -> math)"]
+    assert len(proc.stderr.splitlines()) == 1 and "stages.1.grpo.group_size" in proc.stderr
+
+
+def test_validate_examples() -> None:
+    examples = sorted((REPO / "examples").glob("*.yaml"))
+    assert examples
+    proc = _cli("validate", *map(str, examples))
+    assert proc.returncode == 0, proc.stderr
+    assert len(proc.stdout.splitlines()) == len(examples)
+    assert all(line.startswith("ok: ") for line in proc.stdout.splitlines())
+
+
+def test_run_without_model_dir_exits_2(tmp_path: Path) -> None:
+    path = _write(tmp_path, _config(tmp_path, tmp_path / "no-model"), "c.yaml")
+    line = _one_error_line(_cli("run", str(path)))
+    assert "model.path" in line and "cascade model init" in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_run_on_existing_run_dir_exits_2(tmp_path: Path, random_tiny_model: Path) -> None:
+    path = _write(tmp_path, _config(tmp_path, random_tiny_model), "c.yaml")
+    run_dir = tmp_path / "out" / "cli-test"
+    run_dir.mkdir(parents=True)
+    (run_dir / "keep.txt").write_text("an earlier run")
+    line = _one_error_line(_cli("run", str(path), "--no-progress"))
+    assert "--resume" in line and "--fresh" in line
+    assert sorted(p.name for p in run_dir.iterdir()) == ["keep.txt"]
+
+
+def test_report_without_report_exits_2(tmp_path: Path) -> None:
+    line = _one_error_line(_cli("report", str(tmp_path)))
+    assert "no report yet" in line
+
+
+@pytest.mark.parametrize("args", [["--help"], ["run", "--help"], ["validate", "--help"]])
+def test_help(args: list[str]) -> None:
+    proc = _cli(*args)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("usage:")
+    assert proc.stderr == ""
+
+
+def test_help_lists_commands() -> None:
+    out = _cli("--help").stdout
+    for command in ("run", "validate", "model", "report"):
+        assert command in out
+    assert "--resume" in _cli("run", "--help").stdout
+
+
+def test_no_command_is_a_usage_error() -> None:
+    proc = _cli()
+    assert proc.returncode == 2
+    assert "usage:" in proc.stderr
+    assert "Traceback" not in proc.stderr
