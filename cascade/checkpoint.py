@@ -96,14 +96,22 @@ def read_runner_state(path: Path) -> dict[str, Any]:
     return json.loads((path / STATE_FILE).read_text())["runner"]
 
 
-def latest_checkpoint(root: Path) -> Path | None:
+def _complete_checkpoints(root: Path) -> list[Path]:
+    """Finished checkpoints, oldest first (a `.tmp` directory is a write that never finished)."""
     if not root.exists():
-        return None
-    done = sorted(p for p in root.glob("step-*") if p.is_dir() and (p / STATE_FILE).exists())
+        return []
+    return sorted(
+        p
+        for p in root.glob("step-*")
+        if p.is_dir() and not p.name.endswith(".tmp") and (p / STATE_FILE).exists()
+    )
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    done = _complete_checkpoints(root)
     return done[-1] if done else None
 
 
 def prune_checkpoints(root: Path, keep_last: int) -> None:
-    done = sorted(p for p in root.glob("step-*") if p.is_dir() and (p / STATE_FILE).exists())
-    for old in done[:-keep_last]:
+    for old in _complete_checkpoints(root)[:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)

@@ -11,12 +11,15 @@ import json
 import random
 import shutil
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, OperationalError
 
 from cascade.algo import PromptPassRateFilter, schedule_value, token_budget, warmup_lr_factor
 from cascade.checkpoint import (
@@ -95,9 +98,19 @@ class EmbeddedRunner:
         self.stop_after_steps = stop_after_steps
         self.ckpt_root = run_dir / "checkpoints"
         self.teacher_root = run_dir / "teachers"
+        if db_url is not None:
+            try:
+                make_url(db_url)
+            except ArgumentError:
+                raise RunDirError(f"--db: not a database URL: {db_url!r}") from None
         self._prepare_run_dir(resume=resume, fresh=fresh)
         self.db_url = db_url or f"sqlite:///{(run_dir / 'cascade.db').resolve()}"
-        self.store = RunStore(self.db_url)
+        try:
+            self.store = RunStore(self.db_url)
+        except OperationalError as err:
+            if not any(self.run_dir.iterdir()):
+                self.run_dir.rmdir()
+            raise RunDirError(f"cannot open the database: {str(err.orig).strip().splitlines()[0]}") from None
         self.domains: dict[str, Domain] = {d.name: make_domain(d) for d in config.domains}
         self.train_problems: dict[str, list[Problem]] = {}
         self.eval_problems: dict[str, list[Problem]] = {}
@@ -112,6 +125,7 @@ class EmbeddedRunner:
         self.registry = TeacherRegistry()
         self.teacher_models: dict[str, tuple[str, torch.nn.Module]] = {}
         self._pending_teacher_deletes: list[Path] = []
+        self._pending: deque[RolloutBatch] = deque()
         self.state = RunState()
         self.resume_from = latest_checkpoint(self.ckpt_root) if resume else None
 
@@ -224,6 +238,7 @@ class EmbeddedRunner:
             self.progress.end_stage()
             self.store.stage_completed(i, stopped_by=stopped_by, steps=self.state.stage_step)
             self.log(f"stage '{stage.label}' done after {self.state.stage_step} steps ({stopped_by})")
+            self._pending.clear()
             self.state.stage_index += 1
             self.state.stage_step = 0
             self.state.stage_started = False
@@ -245,27 +260,7 @@ class EmbeddedRunner:
         g = stage.grpo
         step = self.state.stage_step
         budget = token_budget(g.budget, step)
-        domain = self.domains[stage.domain]
-        ids = [p.id for p in self.train_problems[stage.domain]]
-        k = min(g.prompts_per_step, len(ids))
-        chosen = [
-            self._by_id[stage.domain][pid] for pid in self.filters[stage.domain].sample(ids, k, self.rng)
-        ]
-        batch = collect_groups(
-            self.policy,
-            self.cfg.chat,
-            domain,
-            chosen,
-            group_size=g.group_size,
-            max_new_tokens=budget,
-            temperature=g.temperature,
-            top_p=g.top_p,
-            thinking=g.thinking,
-            overlong=g.overlong,
-            policy_version=self.state.policy_version,
-            generator=self.generator,
-        )
-        self._update_filter(stage.domain, batch)
+        batch = self._next_batch(stage, budget)
         t_gen = time.perf_counter()
         rl = rl_term(
             self.policy.model,
@@ -305,6 +300,46 @@ class EmbeddedRunner:
         }
         self.store.record_step(self.state.stage_index, self.state.stage_step, self.state.global_step, metrics)
         return metrics
+
+    def _generate_batch(self, stage: StageConfig, budget: int) -> RolloutBatch:
+        g = stage.grpo
+        ids = [p.id for p in self.train_problems[stage.domain]]
+        k = min(g.prompts_per_step, len(ids))
+        picked = self.filters[stage.domain].sample(ids, k, self.rng)
+        chosen = [self._by_id[stage.domain][pid] for pid in picked]
+        batch = collect_groups(
+            self.policy,
+            self.cfg.chat,
+            self.domains[stage.domain],
+            chosen,
+            group_size=g.group_size,
+            max_new_tokens=budget,
+            temperature=g.temperature,
+            top_p=g.top_p,
+            thinking=g.thinking,
+            overlong=g.overlong,
+            policy_version=self.state.policy_version,
+            generator=self.generator,
+        )
+        self._update_filter(stage.domain, batch)
+        return batch
+
+    def _next_batch(self, stage: StageConfig, budget: int) -> RolloutBatch:
+        """The batch to train on now. With `max_staleness = s`, rollouts run s versions ahead of
+        the learner (as an overlapped rollout worker would): the queue is pre-filled with s
+        batches at the stage start (or after a resume), then each step generates one batch
+        with the current weights and trains on the oldest, made s versions ago."""
+        s = stage.grpo.max_staleness
+        if s == 0:
+            return self._generate_batch(stage, budget)
+        while len(self._pending) < s:
+            self._pending.append(self._generate_batch(stage, budget))
+        self._pending.append(self._generate_batch(stage, budget))
+        while True:
+            batch = self._pending.popleft()
+            if self.state.policy_version - batch.policy_version <= s:
+                return batch
+            self.log(f"dropped a batch of version {batch.policy_version}: older than max_staleness {s}")
 
     def _update_filter(self, domain: str, batch: RolloutBatch) -> None:
         rewards = batch.rewards()

@@ -58,3 +58,20 @@ def random_tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from cascade.model.build import TinyModelSpec, save_untrained_model
 
     return save_untrained_model(tmp_path_factory.mktemp("random-tiny-model"), TinyModelSpec(seed=0))
+
+
+@pytest.fixture(scope="module")
+def torch_one_thread() -> Iterator[None]:
+    """Run torch on one intra-op thread for this module, then restore the previous setting.
+
+    The tiny model is far too small to gain from threads, and on a small shared machine
+    two spinning threads competing with another process make each forward many times slower.
+    """
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

@@ -56,8 +56,6 @@ class Domain(Protocol):
         """`n` deterministic problems; `split` in {"train", "eval", "sft"} gives disjoint sets."""
         ...
 
-    def score_batch(
-        self, problems: Sequence[Problem], completions: Sequence[str]
-    ) -> list[RewardVerdict]:
+    def score_batch(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[RewardVerdict]:
         """Score completions (text after the chat template, thinking block included)."""
         ...

@@ -61,7 +61,7 @@ WorkerTask = Callable[[str, str, float], Check]
 def draw_math_problem(rng: Random) -> Candidate:
     """One candidate: ~70% "What is a+b?" / "What is a-b?", ~30% a one-step word problem."""
     if rng.random() < 0.7:
-        a, b = rng.randint(2, 49), rng.randint(2, 49)
+        a, b = rng.randint(1, 30), rng.randint(1, 30)
         if rng.random() < 0.5:
             prompt, value, kind = f"What is {a}+{b}?", a + b, "add"
         else:
@@ -69,12 +69,12 @@ def draw_math_problem(rng: Random) -> Candidate:
             prompt, value, kind = f"What is {a}-{b}?", a - b, "sub"
     else:
         name, item = rng.choice(_NAMES), rng.choice(_ITEMS)
-        a = rng.randint(5, 40)
+        a = rng.randint(3, 20)
         if rng.random() < 0.5:
-            b = rng.randint(2, 20)
+            b = rng.randint(1, 9)
             action, value, kind = rng.choice(_GAIN).format(b=b), a + b, "word_add"
         else:
-            b = rng.randint(2, min(a, 20))
+            b = rng.randint(1, min(a, 9))
             action, value, kind = rng.choice(_LOSS).format(b=b), a - b, "word_sub"
         prompt = f"{name} has {a} {item} and {action}. How many {item}?"
     return prompt, f"\\boxed{{{value}}}", {"kind": kind}

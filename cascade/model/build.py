@@ -55,6 +55,8 @@ class TinyModelSpec:
     thinking_fraction: float = 0.1
     """Share of SFT examples rendered with the think flag (empty think block)."""
     domains: tuple[str, ...] = TINY_DOMAINS
+    mix: tuple[float, ...] = (3.0, 2.0, 1.0)
+    """SFT sampling weight per domain (arithmetic needs the most steps, IF the fewest)."""
 
 
 @dataclass
@@ -182,7 +184,8 @@ def build_tiny_model(out_dir: Path, spec: TinyModelSpec = TinyModelSpec(), log=p
         return p_ids, c_ids
 
     optim = torch.optim.AdamW(model.parameters(), lr=spec.learning_rate, weight_decay=0.01)
-    weights = {n: 1.0 for n in spec.domains}
+    weights = dict(zip(spec.domains, spec.mix, strict=True))
+    base_weights = dict(weights)
     result = SftLog()
     model.train()
     for step in range(1, spec.max_steps + 1):
@@ -208,7 +211,7 @@ def build_tiny_model(out_dir: Path, spec: TinyModelSpec = TinyModelSpec(), log=p
                 + " ".join(f"{k} {v:.0%}" for k, v in scores.items())
             )
             for name, score in scores.items():
-                weights[name] = spec.ceiling_weight if score >= spec.ceiling else 1.0
+                weights[name] = spec.ceiling_weight if score >= spec.ceiling else base_weights[name]
             if step >= spec.min_steps and min(scores.values()) >= spec.floor:
                 result.stopped_by = f"every domain >= floor {spec.floor}"
                 result.final_scores = scores

@@ -98,6 +98,14 @@ def test_bad_yaml_exits_2_with_line_and_column(tmp_path: Path, command: str) -> 
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("command", ["validate", "run"])
+def test_undecodable_file_exits_2(tmp_path: Path, command: str) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_bytes(b"name: t\xff\xfe\nmodel: {path: /x}\n")
+    line = _one_error_line(_cli(command, str(path)))
+    assert str(path) in line
+
+
 def test_validate_ok_and_bad_together(tmp_path: Path) -> None:
     good = _write(tmp_path, _config(tmp_path), "good.yaml")
     bad = _write(tmp_path, _bad_group_size(tmp_path))

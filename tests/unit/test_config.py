@@ -211,6 +211,16 @@ def test_missing_file(tmp_path: Path) -> None:
     assert "\n" not in msg and "cannot read" in msg
 
 
+def test_not_utf8(tmp_path: Path) -> None:
+    """A binary or mis-encoded file is a config error too, not a UnicodeDecodeError."""
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes("name: caf\u00e9\nmodel: {path: /x}\n".encode("latin-1"))
+    with pytest.raises(ConfigError) as info:
+        load_cascade_config(path)
+    msg = str(info.value)
+    assert "\n" not in msg and msg.startswith(str(path))
+
+
 def test_relative_model_path_resolves_next_to_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "cfg" / "models" / "tiny").mkdir(parents=True)
     data = _base()

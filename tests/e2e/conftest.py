@@ -1,0 +1,164 @@
+"""Fixtures for end-to-end cascades on the random tiny model: config files, runs, and a plain
+snapshot of what a run left in its database (read back through `cascade.store.repo`)."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from sqlalchemy import select
+
+from cascade.config import CascadeConfig, load_cascade_config
+from cascade.embedded import EmbeddedRunner, RunResult
+from cascade.store import repo
+from cascade.store.db import make_engine, session_scope
+from cascade.store.models import Checkpoint, Run
+
+TIMING_KEYS = ("time_rollout_s", "time_loss_s", "time_update_s", "time_step_s")
+"""Wall-clock metrics: the only step metrics that may differ between identical runs."""
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _e2e_torch_one_thread(torch_one_thread: None) -> Iterator[None]:
+    yield
+
+
+def base_config(model_path: Path, output_dir: Path) -> dict[str, Any]:
+    """if -> math, tiny everything; stage 2 distils from `if` with sampled tokens."""
+    grpo = {"group_size": 4, "prompts_per_step": 4, "budget": {"max_new_tokens": 16}}
+    prompts = {"kind": "synthetic", "seed": 0, "n_train": 64, "n_eval": 16}
+    return {
+        "name": "e2e",
+        "seed": 0,
+        "model": {"path": str(model_path)},
+        "domains": [
+            {"name": "if", "prompts": dict(prompts)},
+            {"name": "math", "prompts": dict(prompts)},
+        ],
+        "stages": [
+            {
+                "domain": "if",
+                "grpo": copy.deepcopy(grpo),
+                "advance": {"max_steps": 4},
+                "eval": {"every": 2},
+            },
+            {
+                "domain": "math",
+                "grpo": copy.deepcopy(grpo),
+                "distill": {"loss": "sampled", "prompts_per_teacher": 4},
+                "advance": {"max_steps": 4},
+                "eval": {"every": 2},
+            },
+        ],
+        "checkpoint": {"every": 2, "keep_last": 2},
+        "output_dir": str(output_dir),
+    }
+
+
+def write_config(data: dict[str, Any], path: Path) -> CascadeConfig:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return load_cascade_config(path)
+
+
+@dataclass
+class Logged:
+    result: RunResult
+    lines: list[str]
+
+
+def run_cascade(cfg: CascadeConfig, run_dir: Path | None = None, **kwargs: Any) -> Logged:
+    lines: list[str] = []
+    runner = EmbeddedRunner(cfg, run_dir=run_dir or cfg.output_dir / cfg.name, log=lines.append, **kwargs)
+    return Logged(runner.run(), lines)
+
+
+@dataclass
+class RunRows:
+    """What one run left in the store, as plain data."""
+
+    run_status: str
+    distill: bool
+    stages: list[tuple[int, str, str, str]]  # (index, label, domain, state)
+    steps: list[tuple[int, int, int, dict[str, Any]]]  # (stage index, step, global step, metrics)
+    evals: list[tuple[int, int, int, str, float, int, dict[str, int]]]
+    teachers: list[tuple[str, int, str]]  # (domain, global step, path) of is_teacher rows
+    teacher_candidates: list[tuple[str, int]]  # every kind="teacher" checkpoint (domain, global step)
+    resume_checkpoints: list[int]  # global steps of kind="resume" rows
+    events: list[tuple[str, str | None, str | None, str]] = field(default_factory=list)
+
+    def step_metrics(self, stage: int) -> list[dict[str, Any]]:
+        return [m for s, _, _, m in self.steps if s == stage]
+
+    def without_timing(self) -> list[tuple[int, int, int, dict[str, Any]]]:
+        return [
+            (s, st, g, {k: v for k, v in m.items() if k not in TIMING_KEYS}) for s, st, g, m in self.steps
+        ]
+
+
+def read_rows(db_url: str) -> RunRows:
+    engine = make_engine(db_url)
+    try:
+        with session_scope(engine) as s:
+            runs = list(s.scalars(select(Run)))
+            assert len(runs) == 1, f"expected one run in the store, found {len(runs)}"
+            run = runs[0]
+            history = repo.load_history(s, run.id)
+            ckpts = list(
+                s.scalars(select(Checkpoint).where(Checkpoint.run_id == run.id).order_by(Checkpoint.id))
+            )
+            by_teacher = repo.teachers(s, run_id=run.id)
+            teacher_rows = [c for c in ckpts if c.is_teacher]
+            assert len(teacher_rows) == len(by_teacher)
+            events = repo.list_events(s, cascade_id=run.cascade_id)
+            return RunRows(
+                run_status=run.status,
+                distill=run.distill,
+                stages=[(st.index, st.label, st.domain, st.state) for st in history.stages],
+                steps=[(p.stage_index, p.step, p.global_step, p.metrics) for p in history.steps],
+                evals=[
+                    (e.stage_index, e.step, e.global_step, e.domain, e.score, e.n, e.reasons)
+                    for e in history.evals
+                ],
+                teachers=sorted((c.domain or "", c.global_step, c.path) for c in teacher_rows),
+                teacher_candidates=[(c.domain or "", c.global_step) for c in ckpts if c.kind == "teacher"],
+                resume_checkpoints=[c.global_step for c in ckpts if c.kind == "resume"],
+                events=[(e.kind, e.from_state, e.to_state, e.actor) for e in events],
+            )
+    finally:
+        engine.dispose()
+
+
+def sqlite_url(run_dir: Path) -> str:
+    return f"sqlite:///{(run_dir / 'cascade.db').resolve()}"
+
+
+class E2E:
+    """The helpers above, handed to tests as the session fixture `e2e` (conftest modules are
+    not importable from tests)."""
+
+    TIMING_KEYS = TIMING_KEYS
+
+    def __init__(self, model_path: Path) -> None:
+        self.model_path = model_path
+
+    def config(self, directory: Path, edit: Callable[[dict[str, Any]], None] | None = None) -> CascadeConfig:
+        """The base config, optionally edited in place by `edit`, written to `directory` and loaded."""
+        data = base_config(self.model_path, directory / "runs")
+        if edit is not None:
+            edit(data)
+        return write_config(data, directory / "cascade.yaml")
+
+    run = staticmethod(run_cascade)
+    rows = staticmethod(read_rows)
+    sqlite_url = staticmethod(sqlite_url)
+
+
+@pytest.fixture(scope="session")
+def e2e(random_tiny_model: Path) -> E2E:
+    return E2E(random_tiny_model)
