@@ -33,7 +33,7 @@ services:
 lint: install
 	$(VENV)/bin/ruff check .
 
-test: install services
+test: install services $(TINY)/config.json
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/pytest -q -p no:cacheprovider
 

@@ -45,7 +45,7 @@ class TinyModelSpec:
     learning_rate: float = 3e-3
     warmup_steps: int = 30
     max_steps: int = 2500
-    eval_every: int = 50
+    eval_every: int = 100
     min_steps: int = 100
     floor: float = 0.2
     """Stop once every domain's greedy validation score reaches this."""
