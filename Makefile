@@ -32,9 +32,11 @@ services:
 
 lint: install
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy cascade
 
 test: install services $(TINY)/config.json
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy cascade
 	$(VENV)/bin/pytest -q -p no:cacheprovider
 
 clean:

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, OperationalError
+from transformers import PreTrainedModel
 
 from cascade.algo import PromptPassRateFilter, schedule_value, token_budget, warmup_lr_factor
 from cascade.checkpoint import (
@@ -123,7 +124,7 @@ class EmbeddedRunner:
         self.rng = random.Random(config.seed)
         self.filters = {n: PromptPassRateFilter(self._filter_cfg(n)) for n in self.domains}
         self.registry = TeacherRegistry()
-        self.teacher_models: dict[str, tuple[str, torch.nn.Module]] = {}
+        self.teacher_models: dict[str, tuple[str, PreTrainedModel]] = {}
         self._pending_teacher_deletes: list[Path] = []
         self._pending: deque[RolloutBatch] = deque()
         self.state = RunState()
@@ -346,7 +347,7 @@ class EmbeddedRunner:
         for gi, p in enumerate(batch.problems):
             self.filters[domain].update(p.id, rewards[gi].tolist())
 
-    def _reference(self, stage: StageConfig) -> torch.nn.Module | None:
+    def _reference(self, stage: StageConfig) -> PreTrainedModel | None:
         if stage.grpo.kl_coef <= 0:
             return None
         key = f"reference-{self.state.stage_index}"
@@ -359,7 +360,7 @@ class EmbeddedRunner:
             self.teacher_models[key] = cached
         return cached[1]
 
-    def _teacher_model(self, domain: str) -> torch.nn.Module:
+    def _teacher_model(self, domain: str) -> PreTrainedModel:
         entry = self.registry.teacher(domain)
         assert entry is not None
         cached = self.teacher_models.get(domain)

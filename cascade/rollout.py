@@ -13,7 +13,7 @@ import torch
 
 from cascade.config import ChatConfig
 from cascade.domains.base import INFRA_ERROR, TRUNCATED, Domain, Problem, RewardVerdict
-from cascade.engine.hf import generate
+from cascade.engine.hf import Generation, generate
 from cascade.model.chat import encode_prompts
 from cascade.model.loading import Policy
 
@@ -74,7 +74,7 @@ def sample_completions(
     thinking: bool,
     generator: torch.Generator | None,
     greedy: bool = False,
-) -> tuple[list[list[int]], object]:
+) -> tuple[list[list[int]], Generation]:
     prompt_ids = encode_prompts(policy.tokenizer, chat, [p.prompt for p in problems], thinking)
     repeated = [ids for ids in prompt_ids for _ in range(n)]
     gen = generate(

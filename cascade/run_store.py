@@ -66,12 +66,12 @@ class RunStore:
 
     def acknowledge(self, index: int, state: str) -> None:
         """Apply an operator's pause or abort at this step boundary."""
-        _, run_id = self._ids()
+        cascade_id, run_id = self._ids()
         with db.session_scope(self.engine) as s:
             repo.transition_stage(s, stage_id=self.stage_ids[index], to_state=state, actor=ACTOR)
             if state == "aborted":
                 repo.finish_run(s, run_id=run_id, status="aborted", actor=ACTOR)
-                repo.set_cascade_status(s, cascade_id=self.cascade_id, status="aborted", actor=ACTOR)
+                repo.set_cascade_status(s, cascade_id=cascade_id, status="aborted", actor=ACTOR)
 
     def stage_completed(self, index: int, *, stopped_by: str, steps: int) -> None:
         with db.session_scope(self.engine) as s:

@@ -176,7 +176,7 @@ def _grad_snapshot(params: list[torch.nn.Parameter]) -> list[torch.Tensor]:
 
 
 def _norm(tensors: list[torch.Tensor]) -> float:
-    return float(torch.sqrt(sum((t.float() ** 2).sum() for t in tensors)))
+    return float(torch.sqrt(torch.stack([(t.float() ** 2).sum() for t in tensors]).sum()))
 
 
 def apply_update(

@@ -15,7 +15,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+from transformers import (
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 
 from cascade.config import ChatConfig, DomainConfig
 from cascade.domains import make_domain
@@ -75,8 +81,8 @@ def _completion_text(problem: Problem, thinking: bool, eos: str) -> str:
 
 
 def greedy_scores(
-    model: torch.nn.Module,
-    tokenizer,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
     chat: ChatConfig,
     domains: dict[str, Domain],
     problems: dict[str, list[Problem]],

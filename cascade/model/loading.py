@@ -56,14 +56,18 @@ def load_policy(path: str | Path, dtype: str = "float32", device: str = "cpu") -
     if not (path / "config.json").exists():
         raise ModelLoadError(f"{path}: not a model directory (no config.json); run `cascade model init`?")
     tok = load_tokenizer(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], local_files_only=True).to(device)
+    model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(
+        path, dtype=DTYPES[dtype], local_files_only=True
+    )
+    model.to(device)  # type: ignore[arg-type]
     return Policy(model=model, tokenizer=tok)
 
 
 def load_model_weights_only(path: str | Path, dtype: str = "float32", device: str = "cpu") -> PreTrainedModel:
     """A frozen copy (teacher or KL reference) sharing the tokenizer of the policy."""
     model = AutoModelForCausalLM.from_pretrained(Path(path), dtype=DTYPES[dtype], local_files_only=True)
-    model.to(device).eval()
+    model.to(device)  # type: ignore[arg-type]
+    model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
     return model
