@@ -13,6 +13,13 @@ def _fail(message: str, code: int = 2) -> int:
     return code
 
 
+def _quiet_hub_progress() -> None:
+    """Our own progress bars say what is happening; transformers' per-load bars are noise."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     from cascade.config import ConfigError, load_cascade_config
 
@@ -52,6 +59,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from rich.console import Console
 
+    _quiet_hub_progress()
     from cascade.embedded import EmbeddedRunner, RunDirError
     from cascade.model.loading import ModelLoadError
     from cascade.progress import RunProgress
@@ -91,6 +99,7 @@ def cmd_model_init(args: argparse.Namespace) -> int:
     if (out / "config.json").exists() and not args.force:
         print(f"{out} already holds a model (use --force to rebuild)")
         return 0
+    _quiet_hub_progress()
     from cascade.model.build import TinyModelSpec, build_tiny_model
 
     spec = TinyModelSpec(seed=args.seed)
