@@ -57,6 +57,6 @@ class RunProgress:
 
     def log(self, message: str) -> None:
         if self._progress is not None:
-            self._progress.console.log(message)
+            self._progress.console.print(message)
         else:
             self.console.print(message)
