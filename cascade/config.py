@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-DomainName = Literal["math", "code", "if"]
+DomainName = Literal["math", "code", "if", "swe"]
 """Domains with a verifier in `cascade.domains`."""
 
 
@@ -86,7 +86,19 @@ class IfReward(StrictModel):
     """`all_pass`: 1 only if every instruction holds; `fraction`: share of instructions held."""
 
 
-RewardConfig = Annotated[MathReward | CodeReward | IfReward, Field(discriminator="kind")]
+class SweReward(StrictModel):
+    """Execution-free patch reward: 1 exact, 0 no change, -1 unparseable, else similarity."""
+
+    kind: Literal["swe"] = "swe"
+    max_patch_chars: int = Field(20_000, ge=1)
+    """Longer extracted patches score -1 (`output_limit`) before parsing."""
+    max_changed_lines: int = Field(400, ge=1)
+    """Patches removing+adding more lines score -1 (`output_limit`)."""
+    semantic_weight: float = Field(0.5, ge=0, le=1)
+    """Weight of a plugged-in semantic scorer (none is built from config yet)."""
+
+
+RewardConfig = Annotated[MathReward | CodeReward | IfReward | SweReward, Field(discriminator="kind")]
 
 
 # --------------------------------------------------------------------------- schedules

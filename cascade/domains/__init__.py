@@ -19,6 +19,7 @@ from cascade.config import (
     IfReward,
     JsonlPrompts,
     MathReward,
+    SweReward,
     SyntheticPrompts,
 )
 from cascade.domains.base import Domain, Problem, RewardVerdict
@@ -46,6 +47,11 @@ def make_domain(domain_config: DomainConfig) -> Domain:
 
         assert reward is None or isinstance(reward, IfReward)
         return IfDomain(reward or IfReward())
+    if domain_config.name == "swe":
+        from cascade.domains.swe import SweDomain
+
+        assert reward is None or isinstance(reward, SweReward)
+        return SweDomain.from_config(reward or SweReward())
     raise ValueError(f"unknown domain {domain_config.name!r}")
 
 

@@ -24,7 +24,7 @@ def test_make_domain_uses_defaults_or_the_given_reward() -> None:
     assert isinstance(instruct, IfDomain) and instruct.name == "if" and instruct.config.mode == "fraction"
 
 
-@pytest.mark.parametrize("name", ["math", "code", "if"])
+@pytest.mark.parametrize("name", ["math", "code", "if", "swe"])
 def test_load_synthetic_problems(name: str) -> None:
     config = DomainConfig(name=name, prompts=SyntheticPrompts(seed=2, n_train=50, n_eval=20))
     train, evals, sft = (load_problems(config, s) for s in ("train", "eval", "sft"))

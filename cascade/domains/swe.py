@@ -1,0 +1,452 @@
+"""Software-engineering domain ("swe"): fix a bug by writing a patch, scored without execution.
+
+As in Nemotron-Cascade's SWE stage, the reward compares the predicted patch with the gold patch
+instead of running tests. Scoring one completion (`SweDomain.score_batch`):
+
+1. The patch is extracted (`extract_patch`): the ```diff / ```patch fenced blocks of the
+   response (thinking removed), joined; else other fenced blocks that look like a diff; else the
+   raw response from its first `diff --git` or `--- ` line.
+2. Blank patch -> 0.0, `no_change`.
+3. Over the caps -> -1.0, `output_limit`: more than `max_patch_chars` characters (checked before
+   parsing) or more than `max_changed_lines` removed+added lines (after parsing). The caps bound
+   parsing and the quadratic similarity, and a runaway patch is penalised like an unparsable one.
+4. Not a unified diff (`cascade.domains.patches.PatchParseError`) -> -1.0, `parse_error`.
+5. Changes nothing (only context lines, only blank lines, or re-adds what it removes) -> 0.0,
+   `no_change`.
+6. Equal to the gold patch after whitespace normalisation (same files, same changed lines up to
+   whitespace; context and hunk positions ignored) -> 1.0, `ok`.
+7. Otherwise partial credit: `lexical` = `patches.lexical_similarity` (mean of the file-set
+   Jaccard and the per-file SequenceMatcher ratio of the normalised changed lines; see that
+   module). With a `semantic_scorer`, the score is
+   `(1 - semantic_weight) * lexical + semantic_weight * clamp(semantic, 0, 1)`, else `lexical`.
+   A score in (0, 1] -> that reward, `ok`, the detail starting with "partial credit"; a score of
+   0 (no changed file in common, and no semantic credit) -> 0.0, `wrong_answer`.
+
+A gold patch that does not parse or changes nothing is the problem's fault: `infra_error`, as is
+a semantic scorer that raises.
+
+Problems (`make_problems`) are small synthetic Python files with one buggy function (off-by-one,
+wrong operator, wrong comparison or wrong return value; the docstring states the intended
+behaviour); the reference answer is the fix as a unified diff (3 context lines, `a/`/`b/`
+prefixes). Meta keeps the path, bug kind, function, buggy and fixed file, and assertions the
+fixed function passes and the buggy one fails.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from random import Random
+from typing import Protocol, runtime_checkable
+
+from cascade.domains.base import (
+    INFRA_ERROR,
+    OK,
+    OUTPUT_LIMIT,
+    PARSE_ERROR,
+    WRONG_ANSWER,
+    Problem,
+    RewardVerdict,
+)
+from cascade.domains.common import Candidate, LruCache, generate_problems, strip_thinking
+from cascade.domains.patches import (
+    Patch,
+    PatchParseError,
+    file_overlap_and_content,
+    lexical_similarity,
+    parse_patch,
+    patches_equal,
+)
+
+NO_CHANGE = "no_change"
+"""Reason of a patch that changes nothing (blank, only context, or removes and re-adds the same lines)."""
+
+DEFAULT_MAX_PATCH_CHARS = 20_000
+DEFAULT_MAX_CHANGED_LINES = 400
+DEFAULT_SEMANTIC_WEIGHT = 0.5
+
+
+# --------------------------------------------------------------------------- scorers
+
+
+@runtime_checkable
+class SemanticScorer(Protocol):
+    """A similarity of two patch texts in [0, 1] (e.g. an LLM judge or an embedding model)."""
+
+    def similarity(self, pred: str, gold: str) -> float: ...
+
+
+class LexicalScorer:
+    """`patches.lexical_similarity` of two patch texts (raises PatchParseError on a malformed one)."""
+
+    def similarity(self, pred: str, gold: str) -> float:
+        return lexical_similarity(parse_patch(pred), parse_patch(gold))
+
+
+class SweSettings(Protocol):
+    """What `SweDomain.from_config` reads (a `SweReward` config model fits)."""
+
+    @property
+    def max_patch_chars(self) -> int: ...
+
+    @property
+    def max_changed_lines(self) -> int: ...
+
+    @property
+    def semantic_weight(self) -> float: ...
+
+
+# --------------------------------------------------------------------------- extraction
+
+_FENCE = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
+_DIFF_LANGS = {"diff", "patch", "udiff"}
+_DIFF_START = re.compile(r"^(?:diff --git |--- )", re.MULTILINE)
+_LOOKS_LIKE_DIFF = re.compile(r"^(?:diff --git |--- |\+\+\+ |@@ )", re.MULTILINE)
+
+
+def extract_patch(completion: str) -> str:
+    """The patch in a completion (see the module docstring, step 1); "" when the response is blank."""
+    response = strip_thinking(completion)
+    blocks = [(lang.lower(), body) for lang, body in _FENCE.findall(response)]
+    chosen = [body for lang, body in blocks if lang in _DIFF_LANGS]
+    if not chosen:
+        chosen = [body for _, body in blocks if _LOOKS_LIKE_DIFF.search(body)]
+    if chosen:
+        return "\n".join(body.strip("\n") for body in chosen).strip("\n")
+    start = _DIFF_START.search(response)
+    return (response[start.start() :] if start else response).strip("\n")
+
+
+# --------------------------------------------------------------------------- domain
+
+
+class SweDomain:
+    """The swe domain: synthetic bug-fix problems plus the execution-free patch reward."""
+
+    name = "swe"
+
+    def __init__(
+        self,
+        *,
+        max_patch_chars: int = DEFAULT_MAX_PATCH_CHARS,
+        max_changed_lines: int = DEFAULT_MAX_CHANGED_LINES,
+        semantic_scorer: SemanticScorer | None = None,
+        semantic_weight: float = DEFAULT_SEMANTIC_WEIGHT,
+    ) -> None:
+        if max_patch_chars < 1 or max_changed_lines < 1:
+            raise ValueError(f"caps must be >= 1, got {max_patch_chars} chars, {max_changed_lines} lines")
+        if not 0.0 <= semantic_weight <= 1.0:
+            raise ValueError(f"semantic_weight must be in [0, 1], got {semantic_weight}")
+        self.max_patch_chars = max_patch_chars
+        self.max_changed_lines = max_changed_lines
+        self.semantic_scorer = semantic_scorer
+        self.semantic_weight = semantic_weight
+        self.lexical_scorer = LexicalScorer()
+        self.config: SweSettings | None = None
+        """The settings it was built from (`from_config`), else None."""
+        self._gold_cache: LruCache[str, Patch] = LruCache(4096)
+
+    @classmethod
+    def from_config(cls, config: SweSettings, semantic_scorer: SemanticScorer | None = None) -> SweDomain:
+        domain = cls(
+            max_patch_chars=config.max_patch_chars,
+            max_changed_lines=config.max_changed_lines,
+            semantic_scorer=semantic_scorer,
+            semantic_weight=config.semantic_weight,
+        )
+        domain.config = config
+        return domain
+
+    def make_problems(self, split: str, n: int, seed: int) -> list[Problem]:
+        return generate_problems(self.name, split, n, seed, draw_swe_problem)
+
+    def score(self, problem: Problem, completion: str) -> RewardVerdict:
+        patch_text = extract_patch(completion)
+        if not patch_text.strip():
+            return RewardVerdict(0.0, NO_CHANGE, "empty patch")
+        if len(patch_text) > self.max_patch_chars:
+            return RewardVerdict(
+                -1.0, OUTPUT_LIMIT, f"patch has {len(patch_text)} characters (cap {self.max_patch_chars})"
+            )
+        gold = self._gold(problem)
+        if isinstance(gold, str):
+            return RewardVerdict(0.0, INFRA_ERROR, gold)
+        try:
+            pred = parse_patch(patch_text)
+        except PatchParseError as err:
+            return RewardVerdict(-1.0, PARSE_ERROR, str(err))
+        if pred.changed_line_count > self.max_changed_lines:
+            return RewardVerdict(
+                -1.0,
+                OUTPUT_LIMIT,
+                f"patch changes {pred.changed_line_count} lines (cap {self.max_changed_lines})",
+            )
+        if pred.is_noop:
+            return RewardVerdict(0.0, NO_CHANGE, "the patch changes nothing")
+        if patches_equal(pred, gold):
+            return RewardVerdict(1.0, OK, "exact match")
+        files, content = file_overlap_and_content(pred, gold)
+        lexical = (files + content) / 2
+        detail = f"lexical {lexical:.3f} (file overlap {files:.3f}, changed lines {content:.3f})"
+        score = lexical
+        if self.semantic_scorer is not None:
+            try:
+                semantic = float(self.semantic_scorer.similarity(patch_text, problem.answer))
+            except Exception as err:  # a broken scorer must not become a reward
+                return RewardVerdict(0.0, INFRA_ERROR, f"semantic scorer failed: {err!r:.200}")
+            semantic = min(max(semantic, 0.0), 1.0)
+            w = self.semantic_weight
+            score = (1.0 - w) * lexical + w * semantic
+            detail += f", semantic {semantic:.3f}, weight {w:g}"
+        if score <= 0.0:
+            return RewardVerdict(0.0, WRONG_ANSWER, "no similarity to the gold patch: " + detail)
+        return RewardVerdict(min(score, 1.0), OK, f"partial credit {min(score, 1.0):.3f}: " + detail)
+
+    def score_batch(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[RewardVerdict]:
+        if len(problems) != len(completions):
+            raise ValueError(f"{len(problems)} problems but {len(completions)} completions")
+        return [self.score(p, c) for p, c in zip(problems, completions, strict=True)]
+
+    def _gold(self, problem: Problem) -> Patch | str:
+        """The parsed gold patch, or a message saying why it is unusable."""
+        cached = self._gold_cache.get(problem.answer)
+        if cached is not None:
+            return cached
+        try:
+            gold = parse_patch(problem.answer)
+        except PatchParseError as err:
+            return f"problem {problem.id}: gold patch does not parse: {err}"
+        if gold.is_noop:
+            return f"problem {problem.id}: gold patch changes nothing"
+        self._gold_cache.put(problem.answer, gold)
+        return gold
+
+
+# --------------------------------------------------------------------------- synthetic problems
+
+
+@dataclass(frozen=True)
+class BugTemplate:
+    """A function with one buggy spot: `code` with `{line}` where `buggy` / `fixed` goes.
+
+    `code`, `buggy`, `fixed` and `tests` may use `{f}` (function name), `{xs}` (list argument)
+    and `{k}` (a constant from `ks`).
+    """
+
+    kind: str
+    names: tuple[str, ...]
+    code: str
+    buggy: str
+    fixed: str
+    tests: tuple[str, ...]
+    ks: tuple[int, ...] = (0,)
+
+
+BUG_KINDS = ("off_by_one", "wrong_operator", "wrong_comparison", "wrong_return")
+
+TEMPLATES: tuple[BugTemplate, ...] = (
+    BugTemplate(
+        "off_by_one",
+        ("sum_to", "triangle", "sum_upto"),
+        'def {f}(n):\n    """Return 1 + 2 + ... + n."""\n    total = 0\n'
+        "    for i in range(1, {line}):\n        total += i\n    return total\n",
+        "n",
+        "n + 1",
+        ("{f}(3) == 6", "{f}(1) == 1"),
+    ),
+    BugTemplate(
+        "off_by_one",
+        ("last", "last_item", "tail_value"),
+        'def {f}({xs}):\n    """Return the last element of the non-empty list {xs}."""\n'
+        "    return {xs}[{line}]\n",
+        "len({xs})",
+        "len({xs}) - 1",
+        ("{f}([4, 5, 6]) == 6",),
+    ),
+    BugTemplate(
+        "off_by_one",
+        ("count_below", "count_smaller", "num_below"),
+        'def {f}({xs}, limit):\n    """Return how many items of {xs} are smaller than limit."""\n'
+        "    count = 0\n    for i in range({line}):\n        if {xs}[i] < limit:\n"
+        "            count += 1\n    return count\n",
+        "len({xs}) - 1",
+        "len({xs})",
+        ("{f}([1, 5, 2], 3) == 2", "{f}([1, 2], 9) == 2"),
+    ),
+    BugTemplate(
+        "off_by_one",
+        ("first_n", "head", "take"),
+        'def {f}({xs}, n):\n    """Return a list of the first n items of {xs}."""\n'
+        "    return {xs}[:{line}]\n",
+        "n - 1",
+        "n",
+        ("{f}([1, 2, 3], 2) == [1, 2]",),
+    ),
+    BugTemplate(
+        "wrong_operator",
+        ("add", "plus", "total_of"),
+        'def {f}(a, b):\n    """Return the sum of a and b."""\n    return {line}\n',
+        "a - b",
+        "a + b",
+        ("{f}(2, 3) == 5",),
+    ),
+    BugTemplate(
+        "wrong_operator",
+        ("mean", "average", "avg"),
+        'def {f}({xs}):\n    """Return the arithmetic mean of the non-empty list {xs}."""\n'
+        "    return sum({xs}) {line} len({xs})\n",
+        "*",
+        "/",
+        ("{f}([2, 4]) == 3",),
+    ),
+    BugTemplate(
+        "wrong_operator",
+        ("area", "rect_area", "surface"),
+        'def {f}(width, height):\n    """Return the area of a width by height rectangle."""\n'
+        "    return width {line} height\n",
+        "+",
+        "*",
+        ("{f}(3, 4) == 12",),
+    ),
+    BugTemplate(
+        "wrong_operator",
+        ("scale", "times_k", "multiply"),
+        'def {f}(x):\n    """Return x multiplied by {k}."""\n    return x {line} {k}\n',
+        "+",
+        "*",
+        ("{f}(5) == 5 * {k}",),
+        ks=tuple(range(2, 10)),
+    ),
+    BugTemplate(
+        "wrong_comparison",
+        ("largest", "maximum", "biggest"),
+        'def {f}({xs}):\n    """Return the largest item of the non-empty list {xs}."""\n'
+        "    best = {xs}[0]\n    for x in {xs}:\n        if x {line} best:\n            best = x\n"
+        "    return best\n",
+        "<",
+        ">",
+        ("{f}([3, 9, 2]) == 9",),
+    ),
+    BugTemplate(
+        "wrong_comparison",
+        ("is_adult", "old_enough", "may_vote"),
+        'def {f}(age):\n    """Return True if age is at least {k}."""\n    return age {line} {k}\n',
+        ">",
+        ">=",
+        ("{f}({k}) is True", "{f}({k} - 1) is False"),
+        ks=tuple(range(16, 22)),
+    ),
+    BugTemplate(
+        "wrong_comparison",
+        ("in_range", "between", "within"),
+        'def {f}(x, low, high):\n    """Return True if low <= x <= high."""\n'
+        "    return low <= x {line} high\n",
+        "<",
+        "<=",
+        ("{f}(5, 1, 5) is True", "{f}(6, 1, 5) is False"),
+    ),
+    BugTemplate(
+        "wrong_comparison",
+        ("is_even", "even", "has_even_value"),
+        'def {f}(x):\n    """Return True if x is even."""\n    return x % 2 {line} 0\n',
+        "!=",
+        "==",
+        ("{f}(4) is True", "{f}(3) is False"),
+    ),
+    BugTemplate(
+        "wrong_return",
+        ("count_positive", "num_positive", "positives"),
+        'def {f}({xs}):\n    """Return how many items of {xs} are greater than zero."""\n'
+        "    count = 0\n    for x in {xs}:\n        if x > 0:\n            count += 1\n    return {line}\n",
+        "x",
+        "count",
+        ("{f}([1, -2, 3]) == 2", "{f}([5, 0]) == 1"),
+    ),
+    BugTemplate(
+        "wrong_return",
+        ("index_of", "find", "position"),
+        'def {f}({xs}, target):\n    """Return the index of target in {xs}, or -1 if it is absent."""\n'
+        "    for i, x in enumerate({xs}):\n        if x == target:\n"
+        "            return {line}\n    return -1\n",
+        "x",
+        "i",
+        ("{f}([7, 8, 9], 9) == 2", "{f}([7], 5) == -1"),
+    ),
+    BugTemplate(
+        "wrong_return",
+        ("clamp", "bound", "limit_to"),
+        'def {f}(x, low, high):\n    """Return x clamped into the range [low, high]."""\n'
+        "    if x < low:\n        return low\n    if x > high:\n        return high\n    return {line}\n",
+        "low",
+        "x",
+        ("{f}(5, 0, 10) == 5", "{f}(-1, 0, 10) == 0"),
+    ),
+    BugTemplate(
+        "wrong_return",
+        ("absolute", "abs_value", "magnitude"),
+        'def {f}(x):\n    """Return the absolute value of x."""\n'
+        "    if x < 0:\n        return {line}\n    return x\n",
+        "x",
+        "-x",
+        ("{f}(-3) == 3", "{f}(2) == 2"),
+    ),
+)
+
+LIST_NAMES = ("xs", "items", "values", "nums")
+PATHS = ("src/util.py", "src/helpers.py", "src/mathutils.py", "lib/core.py", "app/tools.py")
+HEADERS = ("", '"""Small helper functions."""', "from __future__ import annotations")
+HELPERS = (
+    'def double(x):\n    """Return twice x."""\n    return 2 * x\n',
+    'def is_empty(xs):\n    """Return True if xs has no items."""\n    return len(xs) == 0\n',
+    'def square(x):\n    """Return x squared."""\n    return x * x\n',
+    'def negate(x):\n    """Return -x."""\n    return -x\n',
+    'def first(xs):\n    """Return the first item of the non-empty list xs."""\n    return xs[0]\n',
+    'def halve(x):\n    """Return x divided by 2."""\n    return x / 2\n',
+)
+"""Correct neighbour functions placed around the buggy one (their names are not bug names)."""
+
+
+def unified_diff(old: str, new: str, path: str) -> str:
+    """`diff -u` of two versions of `path` with `a/` and `b/` prefixes and 3 context lines."""
+    lines = difflib.unified_diff(
+        old.splitlines(), new.splitlines(), fromfile=f"a/{path}", tofile=f"b/{path}", lineterm=""
+    )
+    return "\n".join(lines) + "\n"
+
+
+def draw_swe_problem(rng: Random) -> Candidate:
+    template = rng.choice(TEMPLATES)
+    params = {
+        "f": rng.choice(template.names),
+        "xs": rng.choice(LIST_NAMES),
+        "k": str(rng.choice(template.ks)),
+    }
+    path = rng.choice(PATHS)
+    header = rng.choice(HEADERS)
+    before = rng.sample(HELPERS, rng.randint(0, 2))
+    after = rng.sample([h for h in HELPERS if h not in before], rng.randint(0, 1))
+
+    def render(line: str) -> str:
+        function = template.code.replace("{line}", line).format(**params)
+        parts = ([header] if header else []) + before + [function] + after
+        return "\n\n\n".join(part.rstrip("\n") for part in parts) + "\n"
+
+    buggy = render(template.buggy.format(**params))
+    fixed = render(template.fixed.format(**params))
+    answer = unified_diff(buggy, fixed, path)
+    prompt = (
+        f"The function `{params['f']}` in {path} has a bug: it does not do what its docstring says.\n\n"
+        f"{path}:\n```python\n{buggy}```\n\n"
+        f"Reply with a unified diff that fixes it (--- a/{path}, +++ b/{path}, then @@ hunks)."
+    )
+    meta = {
+        "path": path,
+        "bug": template.kind,
+        "function": params["f"],
+        "source": buggy,
+        "fixed": fixed,
+        "tests": [test.format(**params) for test in template.tests],
+    }
+    return prompt, answer, meta
