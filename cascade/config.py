@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-DomainName = Literal["math", "code", "if", "swe"]
+DomainName = Literal["math", "code", "if", "swe", "rlhf"]
 """Domains with a verifier in `cascade.domains`."""
 
 
@@ -98,7 +98,21 @@ class SweReward(StrictModel):
     """Weight of a plugged-in semantic scorer (none is built from config yet)."""
 
 
-RewardConfig = Annotated[MathReward | CodeReward | IfReward | SweReward, Field(discriminator="kind")]
+class RlhfReward(StrictModel):
+    """A sequence-classification reward model scoring the answer after the reasoning block."""
+
+    kind: Literal["rlhf"] = "rlhf"
+    model_path: Path
+    """A local Hugging Face sequence-classification checkpoint (one output)."""
+    shaping: Literal["none", "group_tanh"] = "none"
+    """`group_tanh`: z-score each group's scores, then tanh."""
+    batch_size: int = Field(32, ge=1)
+    max_length: int = Field(256, ge=8)
+
+
+RewardConfig = Annotated[
+    MathReward | CodeReward | IfReward | SweReward | RlhfReward, Field(discriminator="kind")
+]
 
 
 # --------------------------------------------------------------------------- schedules
@@ -241,6 +255,8 @@ class DomainConfig(StrictModel):
     def _reward_matches(self) -> DomainConfig:
         if self.reward is not None and self.reward.kind != self.name:
             raise ValueError(f"reward kind {self.reward.kind!r} does not match domain {self.name!r}")
+        if self.name == "rlhf" and self.reward is None:
+            raise ValueError("the rlhf domain needs `reward: {kind: rlhf, model_path: ...}`")
         return self
 
 

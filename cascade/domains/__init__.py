@@ -19,6 +19,7 @@ from cascade.config import (
     IfReward,
     JsonlPrompts,
     MathReward,
+    RlhfReward,
     SweReward,
     SyntheticPrompts,
 )
@@ -52,6 +53,17 @@ def make_domain(domain_config: DomainConfig) -> Domain:
 
         assert reward is None or isinstance(reward, SweReward)
         return SweDomain.from_config(reward or SweReward())
+    if domain_config.name == "rlhf":
+        from cascade.domains.rm import RewardModelScorer, RlhfDomain
+
+        assert isinstance(reward, RlhfReward), "validated by DomainConfig"
+        scorer = RewardModelScorer(
+            reward.model_path,
+            batch_size=reward.batch_size,
+            max_length=reward.max_length,
+            shaping=reward.shaping,
+        )
+        return RlhfDomain(scorer)
     raise ValueError(f"unknown domain {domain_config.name!r}")
 
 
