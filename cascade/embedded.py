@@ -13,7 +13,7 @@ import shutil
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,33 +36,17 @@ from cascade.curriculum import AdvanceTracker, TeacherRegistry
 from cascade.domains import load_problems, make_domain
 from cascade.domains.base import Domain, Problem
 from cascade.evaluation import evaluate_domain
-from cascade.model.loading import load_model_weights_only, load_policy
+from cascade.frozen_models import FrozenModelCache
+from cascade.model.loading import load_policy
 from cascade.progress import RunProgress
 from cascade.rollout import RolloutBatch, collect_groups, sample_completions
+from cascade.run_state import RunState, rng_state_from_json, rng_state_to_json
 from cascade.run_store import RunStore
 from cascade.trainer import DistillSamples, LossTerm, apply_update, distill_term, rl_term
 
 
 class RunDirError(Exception):
     pass
-
-
-@dataclass
-class RunState:
-    """Everything besides weights/optimizer/RNG tensors needed to resume (JSON)."""
-
-    stage_index: int = 0
-    stage_step: int = 0
-    global_step: int = 0
-    policy_version: int = 0
-    stage_started: bool = False
-    tracker: dict[str, Any] = field(default_factory=dict)
-    teachers: dict[str, Any] = field(default_factory=dict)
-    filters: dict[str, Any] = field(default_factory=dict)
-    py_rng: Any = None
-    last_eval_global_step: int = -1
-    finished: bool = False
-    store_ids: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -124,7 +108,7 @@ class EmbeddedRunner:
         self.rng = random.Random(config.seed)
         self.filters = {n: PromptPassRateFilter(self._filter_cfg(n)) for n in self.domains}
         self.registry = TeacherRegistry()
-        self.teacher_models: dict[str, tuple[str, PreTrainedModel]] = {}
+        self.frozen = FrozenModelCache(config.model.dtype)
         self._pending_teacher_deletes: list[Path] = []
         self._pending: deque[RolloutBatch] = deque()
         self.state = RunState()
@@ -153,7 +137,7 @@ class EmbeddedRunner:
             saved = read_runner_state(self.resume_from)
             self.state = RunState(**saved)
             if self.state.py_rng is not None:
-                self.rng.setstate(_to_rng_state(self.state.py_rng))
+                self.rng.setstate(rng_state_from_json(self.state.py_rng))
             for n, f in self.filters.items():
                 if n in self.state.filters:
                     f.load_state_dict(self.state.filters[n])
@@ -348,26 +332,18 @@ class EmbeddedRunner:
             self.filters[domain].update(p.id, rewards[gi].tolist())
 
     def _reference(self, stage: StageConfig) -> PreTrainedModel | None:
+        """The frozen stage-start policy for the k3 KL term (written once per stage)."""
         if stage.grpo.kl_coef <= 0:
             return None
-        key = f"reference-{self.state.stage_index}"
-        cached = self.teacher_models.get(key)
-        if cached is None:
-            path = self.run_dir / "references" / f"stage-{self.state.stage_index}"
-            if not path.exists():
-                save_model_dir(self.policy, path)
-            cached = (str(path), load_model_weights_only(path, self.cfg.model.dtype))
-            self.teacher_models[key] = cached
-        return cached[1]
+        path = self.run_dir / "references" / f"stage-{self.state.stage_index}"
+        if not path.exists():
+            save_model_dir(self.policy, path)
+        return self.frozen.get(f"reference-{self.state.stage_index}", path)
 
     def _teacher_model(self, domain: str) -> PreTrainedModel:
         entry = self.registry.teacher(domain)
         assert entry is not None
-        cached = self.teacher_models.get(domain)
-        if cached is None or cached[0] != str(entry.path):
-            cached = (str(entry.path), load_model_weights_only(entry.path, self.cfg.model.dtype))
-            self.teacher_models[domain] = cached
-        return cached[1]
+        return self.frozen.get(domain, entry.path)
 
     def _distill_terms(self, stage: StageConfig, budget: int) -> tuple[list[tuple[float, LossTerm]], dict]:
         teachers = self._teacher_domains(self.state.stage_index)
@@ -461,7 +437,7 @@ class EmbeddedRunner:
         self.state.tracker = tracker.state_dict() if tracker is not None else {}
         self.state.teachers = self.registry.state_dict()
         self.state.filters = {n: f.state_dict() for n, f in self.filters.items()}
-        self.state.py_rng = _from_rng_state(self.rng.getstate())
+        self.state.py_rng = rng_state_to_json(self.rng.getstate())
         path = self.ckpt_root / f"step-{self.state.global_step:06d}"
         opt = optimizer or torch.optim.AdamW(self.policy.model.parameters(), lr=1e-4)
         save_checkpoint(
@@ -489,13 +465,3 @@ class EmbeddedRunner:
         return RunResult(
             run_dir=self.run_dir, report_dir=report_dir, finished=self.state.finished, stopped_by=stopped_by
         )
-
-
-def _from_rng_state(state: tuple) -> list:
-    version, internal, gauss = state
-    return [version, list(internal), gauss]
-
-
-def _to_rng_state(saved: list) -> tuple:
-    version, internal, gauss = saved
-    return (version, tuple(internal), gauss)
