@@ -27,9 +27,10 @@ from cascade.config import ChatConfig, DomainConfig
 from cascade.domains import make_domain
 from cascade.domains.base import Domain, Problem
 from cascade.engine.batch import build_batch
-from cascade.engine.hf import generate
 from cascade.engine.logprobs import completion_logits, gather_logprobs
+from cascade.evaluation import evaluate_domain
 from cascade.model.chat import render_prompt
+from cascade.model.loading import Policy
 from cascade.model.tokenizer import train_tokenizer
 
 TINY_DOMAINS = ("math", "code", "if")
@@ -88,29 +89,12 @@ def greedy_scores(
     problems: dict[str, list[Problem]],
     max_new_tokens: int = 48,
 ) -> dict[str, float]:
-    scores: dict[str, float] = {}
-    eos = [tokenizer.eos_token_id]
-    for name, probs in problems.items():
-        prompts = [
-            list(
-                tokenizer(render_prompt(tokenizer, chat, p.prompt, False), add_special_tokens=False)[
-                    "input_ids"
-                ]
-            )
-            for p in probs
-        ]
-        gen = generate(
-            model,
-            prompts,
-            max_new_tokens=max_new_tokens,
-            eos_ids=eos,
-            pad_id=tokenizer.pad_token_id,
-            greedy=True,
-        )
-        texts = tokenizer.batch_decode(gen.completion_ids, skip_special_tokens=True)
-        verdicts = domains[name].score_batch(probs, texts)
-        scores[name] = sum(v.reward for v in verdicts) / len(verdicts)
-    return scores
+    """Each domain's greedy score on `problems`: the runner's own eval, on the model being tuned."""
+    policy = Policy(model=model, tokenizer=tokenizer)
+    return {
+        name: evaluate_domain(policy, chat, domains[name], probs, max_new_tokens=max_new_tokens).score
+        for name, probs in problems.items()
+    }
 
 
 def _sft_split(
