@@ -1,27 +1,28 @@
 """Runs untrusted Python programs against tests with time, memory, output and process limits.
 
-`run_jobs(jobs, limits)` starts ONE harness subprocess per call (`python -I -S
-sandbox_harness.py`: a warm interpreter that forks one limited child per program, so an
-execution costs about two forks, not an interpreter start), writes the jobs to its stdin as
-JSON and reads one JSON line per finished job, under an overall timeout. Identical jobs run
-once. Jobs the harness never reports (it crashed or hung) come back as `infra_error`, never as
-a reward of 0. The limits, and how each maps to a reason, are described in `sandbox_harness`.
+`run_jobs(jobs, limits, backend=...)` is the one entry point; identical jobs run once, and a
+job the sandbox never reports comes back as `infra_error`, never as a reward of 0.
+
+Backends:
+- `bwrap` (the sandbox; `cascade.sandbox.pool`): warm bubblewrap workers started as a
+  non-root uid, one isolated fork per execution in fresh namespaces, memory and pids cgroups,
+  and a judge process that the program cannot forge. What it needs from the host is checked
+  when the first pool starts (`SandboxUnavailable` says what is missing).
+- `process` (NOT a security boundary; for hosts without bubblewrap): ONE harness subprocess
+  per call (`python -I -S sandbox_harness.py`) forks one rlimited child per program, as a
+  throwaway uid when run as root. The program shares the test driver's process (it could
+  forge its report), reads the host filesystem and has the network.
+- `auto`: `bwrap` when it works on this host, else `process` with a warning.
 
 Test forms: `{"input": x, "output": y}` calls `entry_point(x)`; `{"args": [...], "output": y}`
 calls `entry_point(*args)`; `{"stdin": s, "stdout": t}` runs the program with `s` on stdin and
 compares its stdout (trailing whitespace ignored). Programs get the standard library only.
-
-This is NOT a security boundary: the program shares the test driver's process (it could forge
-its report), reads the host filesystem (as an unprivileged throwaway uid when the harness runs
-as root, else as the harness's user), and has the network. Without root, RLIMIT_NPROC counts
-every process of the harness's user, and a grandchild that calls setsid() escapes the
-process-group kill. The reward-service issue replaces this with a bubblewrap sandbox (started
-as a non-root uid: bwrap as real root is not a sandbox); the limits and reasons stay the same.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import shutil
@@ -31,7 +32,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from cascade.domains.sandbox_harness import (
     INFRA_ERROR,
@@ -45,8 +46,10 @@ from cascade.domains.sandbox_harness import (
     SandboxLimits,
     kill_group,
 )
+from cascade.sandbox.pool import BwrapSettings, SandboxUnavailable, shared_pool
 
 __all__ = [
+    "BwrapSettings",
     "INFRA_ERROR",
     "MEMORY_LIMIT",
     "OK",
@@ -60,6 +63,9 @@ __all__ = [
     "SandboxLimits",
     "run_jobs",
 ]
+
+Backend = Literal["auto", "bwrap", "process"]
+log = logging.getLogger(__name__)
 
 HARNESS = Path(__file__).with_name("sandbox_harness.py")
 
@@ -90,8 +96,15 @@ def run_jobs(
     *,
     workers: int = 2,
     overall_timeout_s: float | None = None,
+    backend: Backend = "process",
+    settings: BwrapSettings | None = None,
 ) -> list[ExecResult]:
-    """Run `jobs` in one harness process; identical jobs run once. Never raises for bad programs."""
+    """Run `jobs`; identical jobs run once. Never raises for bad programs.
+
+    `overall_timeout_s` bounds the `process` backend's harness; the `bwrap` pool bounds each
+    job by its own limits instead. Raises `SandboxUnavailable` for `bwrap` on a host that
+    cannot run it.
+    """
     if not jobs:
         return []
     unique: dict[str, int] = {}
@@ -109,12 +122,46 @@ def run_jobs(
             unique[key] = len(payload_jobs)
             payload_jobs.append(record)
         index_of.append(unique[key])
+    if resolve_backend(backend, workers, settings) == "bwrap":
+        pool = shared_pool(max(1, workers), settings)
+        records = pool.run([{**job, "limits": asdict(limits)} for job in payload_jobs])
+        results = [_exec_result(r) for r in records]
+        return [results[i] for i in index_of]
     if overall_timeout_s is None:
         rounds = math.ceil(len(payload_jobs) / max(1, workers))
-        overall_timeout_s = 30.0 + rounds * (limits.time_limit_s + 0.5) * 1.5
+        longest = max(len(job["tests"]) for job in payload_jobs)
+        overall_timeout_s = 30.0 + rounds * (limits.time_limit_s * max(1, longest) + 0.5) * 1.5
     payload = {"limits": asdict(limits), "workers": workers, "jobs": payload_jobs}
     results = _run_harness(payload, len(payload_jobs), overall_timeout_s)
     return [results[i] for i in index_of]
+
+
+_auto_choice: dict[BwrapSettings | None, str] = {}
+
+
+def resolve_backend(backend: Backend, workers: int = 2, settings: BwrapSettings | None = None) -> str:
+    """`auto` -> `bwrap` if a pool starts here (checked once per process), else `process`."""
+    if backend != "auto":
+        return backend
+    if settings not in _auto_choice:
+        try:
+            shared_pool(max(1, workers), settings)
+            _auto_choice[settings] = "bwrap"
+        except SandboxUnavailable as err:
+            log.warning("bubblewrap sandbox unavailable, code runs in the plain-process harness "
+                        "(NOT a security boundary): %s", err)
+            _auto_choice[settings] = "process"
+    return _auto_choice[settings]
+
+
+def _exec_result(record: dict[str, Any]) -> ExecResult:
+    return ExecResult(
+        str(record.get("status", INFRA_ERROR)),
+        int(record.get("passed", 0)),
+        int(record.get("total", 0)),
+        str(record.get("detail", "")),
+        float(record.get("seconds", 0.0)),
+    )
 
 
 def _run_harness(payload: dict[str, Any], n: int, timeout_s: float) -> list[ExecResult]:

@@ -1,4 +1,4 @@
-"""The toy sandbox: limits map to reasons, nothing outlives an execution, harness failures are infra."""
+"""The plain-process backend (no bubblewrap): limits map to reasons, nothing outlives an execution, harness failures are infra."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ TESTS = [{"input": x, "output": x + 1} for x in range(3)]
 
 
 def run_one(code: str, limits: SandboxLimits = LIMITS, tests: list | None = None) -> ExecResult:
-    return run_jobs([Job(code, tests if tests is not None else TESTS, "f")], limits)[0]
+    return run_jobs([Job(code, tests if tests is not None else TESTS, "f")], limits, backend="process")[0]
 
 
 def _alive(pid: int) -> bool:
@@ -106,7 +106,7 @@ LIMIT_CASES: list[tuple[str, str]] = [
 def limit_results() -> dict[str, ExecResult]:
     """All the limit cases in one harness (as a score_batch would run them)."""
     start = time.monotonic()
-    results = run_jobs([Job(code, TESTS, "f") for code, _ in LIMIT_CASES], LIMITS)
+    results = run_jobs([Job(code, TESTS, "f") for code, _ in LIMIT_CASES], LIMITS, backend="process")
     assert time.monotonic() - start < 20
     return {code: result for (code, _), result in zip(LIMIT_CASES, results, strict=True)}
 
@@ -122,20 +122,20 @@ def test_small_output_is_fine_and_stdin_tests_work() -> None:
     assert run_one("def f(x):\n    print('hi', x)\n    return x + 1").status == "ok"
     echo = "n = int(input())\nprint(n * 2)\nprint('done')"
     tests = [{"stdin": "3\n", "stdout": "6\ndone"}, {"stdin": "5", "stdout": "10\ndone\n"}]
-    result = run_jobs([Job(echo, tests)], LIMITS)[0]
+    result = run_jobs([Job(echo, tests)], LIMITS, backend="process")[0]
     assert (result.status, result.passed) == ("ok", 2)
-    bad = run_jobs([Job(echo, [{"stdin": "3", "stdout": "7\ndone"}])], LIMITS)[0]
+    bad = run_jobs([Job(echo, [{"stdin": "3", "stdout": "7\ndone"}])], LIMITS, backend="process")[0]
     assert bad.status == "wrong_answer"
 
 
 def test_stop_on_failure_and_pass_count() -> None:
     code = "def f(x):\n    return x + 1 if x != 1 else 0"
-    stop = run_jobs([Job(code, TESTS, "f", stop_on_failure=True)], LIMITS)[0]
-    go_on = run_jobs([Job(code, TESTS, "f", stop_on_failure=False)], LIMITS)[0]
+    stop = run_jobs([Job(code, TESTS, "f", stop_on_failure=True)], LIMITS, backend="process")[0]
+    go_on = run_jobs([Job(code, TESTS, "f", stop_on_failure=False)], LIMITS, backend="process")[0]
     assert (stop.status, stop.passed) == ("wrong_answer", 1)
     assert (go_on.status, go_on.passed) == ("wrong_answer", 2)
     slow = "def f(x):\n    if x == 2:\n        while True:\n            pass\n    return x + 1"
-    timed = run_jobs([Job(slow, TESTS, "f", stop_on_failure=False)], LIMITS)[0]
+    timed = run_jobs([Job(slow, TESTS, "f", stop_on_failure=False)], LIMITS, backend="process")[0]
     assert (timed.status, timed.passed) == ("timeout", 2)  # passes so far are kept
 
 
@@ -148,7 +148,7 @@ def test_file_written_by_one_execution_is_not_seen_by_the_next(shared_dir: Path)
         "def f(x):\n    return x + 1"
     )
     reader = "import os\ndef f(x):\n    return x + 1 if not os.path.exists('left.txt') else -1"
-    results = run_jobs([Job(writer, TESTS, "f"), Job(reader, TESTS, "f")], LIMITS, workers=1)
+    results = run_jobs([Job(writer, TESTS, "f"), Job(reader, TESTS, "f")], LIMITS, workers=1, backend="process")
     assert [r.status for r in results] == ["ok", "ok"]
     cwd = log.read_text().strip()
     assert cwd and cwd != os.getcwd()
@@ -160,7 +160,7 @@ def test_identical_jobs_run_once(shared_dir: Path) -> None:
     log.touch()
     log.chmod(0o666)  # each job may run as its own throwaway uid
     code = f"open({str(log)!r}, 'a').write('run\\n')\ndef f(x):\n    return x + 1"
-    results = run_jobs([Job(code, TESTS, "f")] * 3 + [Job(code + "\n", TESTS, "f")], LIMITS)
+    results = run_jobs([Job(code, TESTS, "f")] * 3 + [Job(code + "\n", TESTS, "f")], LIMITS, backend="process")
     assert [r.status for r in results] == ["ok"] * 4
     assert log.read_text().count("run") == 2
 
@@ -230,7 +230,7 @@ def test_program_does_not_see_the_environment(monkeypatch: pytest.MonkeyPatch) -
 
 def test_harness_that_dies_gives_infra_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sandbox.sys, "executable", "/bin/false")
-    results = run_jobs([Job("def f(x):\n    return x + 1", TESTS, "f")] * 2, LIMITS)
+    results = run_jobs([Job("def f(x):\n    return x + 1", TESTS, "f")] * 2, LIMITS, backend="process")
     assert [r.status for r in results] == ["infra_error", "infra_error"]
     assert "exited" in results[0].detail
 
@@ -251,17 +251,8 @@ def test_harness_overall_timeout_gives_infra_error_only_for_unfinished_jobs(
         Job("import time\ndef f(x):\n    time.sleep(30)", TESTS, "f"),
     ]
     start = time.monotonic()
-    results = run_jobs(jobs, SandboxLimits(time_limit_s=20.0), workers=1, overall_timeout_s=1.0)
+    results = run_jobs(jobs, SandboxLimits(time_limit_s=20.0), workers=1, overall_timeout_s=1.0, backend="process")
     assert time.monotonic() - start < 10
     assert [r.status for r in results] == ["ok", "infra_error"]
     assert "exceeded" in results[1].detail
     assert len(made) == 1 and not Path(made[0]).exists()  # the killed harness's job dirs are gone
-
-
-def test_many_trivial_programs_are_fast() -> None:
-    jobs = [Job(f"def f(x):\n    return x + 1  # {i}", TESTS, "f") for i in range(64)]
-    start = time.monotonic()
-    results = run_jobs(jobs, LIMITS)
-    elapsed = time.monotonic() - start
-    assert {r.status for r in results} == {"ok"}
-    assert elapsed < 10, f"{len(jobs) / elapsed:.0f} executions/s"

@@ -1,0 +1,1 @@
+"""The code sandbox: warm bubblewrap workers that fork an isolated child per execution."""

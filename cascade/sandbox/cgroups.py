@@ -1,0 +1,129 @@
+"""Memory and process caps for one sandbox worker's whole process tree (cgroup v1 or v2).
+
+RLIMIT_AS bounds one process; a program that forks ten children could use ten times that.
+A memory cgroup bounds all of a worker's processes together (the worker runs one execution at
+a time, so the cap is per execution plus the worker's own few MB), and a pids cgroup caps the
+process count whatever uid the processes run as. The OOM-kill counter tells a memory kill from
+any other SIGKILL. Needs write access to the cgroup tree (root, or a delegated subtree);
+`available()` says whether it has it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path("/sys/fs/cgroup")
+WORKER_OVERHEAD_MB = 48
+"""What the worker and judge processes themselves use, added to the program's memory cap."""
+WORKER_OVERHEAD_PIDS = 6
+
+
+def _v2_root() -> Path | None:
+    if (ROOT / "cgroup.controllers").exists():
+        return ROOT
+    return None
+
+
+def _parent_dirs() -> tuple[Path, Path] | None:
+    """(memory dir, pids dir) under which worker groups are made, or None without write access."""
+    v2 = _v2_root()
+    if v2 is not None:
+        own = Path(_own_v2_path())
+        base = v2 / own.relative_to("/") if own != Path("/") else v2
+        controllers = (base / "cgroup.subtree_control").read_text().split() if base.exists() else []
+        if {"memory", "pids"} <= set(controllers) and os.access(base, os.W_OK):
+            return base, base
+        return None
+    memory, pids = ROOT / "memory", ROOT / "pids"
+    if (memory / "tasks").exists() and (pids / "tasks").exists():
+        if os.access(memory, os.W_OK) and os.access(pids, os.W_OK):
+            return memory, pids
+    return None
+
+
+def _own_v2_path() -> str:
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        if line.startswith("0::"):
+            return line[3:] or "/"
+    return "/"
+
+
+def available() -> bool:
+    with contextlib.suppress(OSError, ValueError):
+        return _parent_dirs() is not None
+    return False
+
+
+@dataclass
+class WorkerGroup:
+    """The cgroup(s) of one sandbox worker; processes join with `join(pid)` (from a preexec_fn)."""
+
+    memory_dir: Path
+    pids_dir: Path
+    v2: bool
+
+    @classmethod
+    def create(cls, name: str) -> WorkerGroup:
+        dirs = _parent_dirs()
+        if dirs is None:
+            raise OSError("no writable memory and pids cgroups")
+        memory_dir, pids_dir = dirs[0] / name, dirs[1] / name
+        memory_dir.mkdir(exist_ok=True)
+        pids_dir.mkdir(exist_ok=True)
+        group = cls(memory_dir, pids_dir, _v2_root() is not None)
+        if not group.v2:
+            with contextlib.suppress(OSError):  # no swap accounting on some hosts
+                (memory_dir / "memory.swappiness").write_text("0")
+        return group
+
+    def set_limits(self, memory_mb: int, processes: int) -> None:
+        memory = (memory_mb + WORKER_OVERHEAD_MB) << 20
+        pids = processes + WORKER_OVERHEAD_PIDS
+        if self.v2:
+            (self.memory_dir / "memory.max").write_text(str(memory))
+            (self.memory_dir / "memory.swap.max").write_text("0")
+            (self.pids_dir / "pids.max").write_text(str(pids))
+        else:
+            (self.memory_dir / "memory.limit_in_bytes").write_text(str(memory))
+            (self.pids_dir / "pids.max").write_text(str(pids))
+
+    def join(self, pid: int = 0) -> None:
+        """Move `pid` (0: the caller) into the group; called in the worker's preexec_fn."""
+        pid = pid or os.getpid()
+        for directory in {self.memory_dir, self.pids_dir}:
+            (directory / "cgroup.procs").write_text(str(pid))
+
+    def oom_kills(self) -> int:
+        """How many processes the kernel killed for this group's memory cap so far."""
+        name = "memory.events" if self.v2 else "memory.oom_control"
+        with contextlib.suppress(OSError, ValueError):
+            for line in (self.memory_dir / name).read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+        return 0
+
+    def pids(self) -> list[int]:
+        with contextlib.suppress(OSError):
+            return [int(p) for p in (self.pids_dir / "cgroup.procs").read_text().split()]
+        return []
+
+    def kill_all(self) -> None:
+        """SIGKILL every process in the group (repeated: a forking process may add one meanwhile)."""
+        for _ in range(20):
+            pids = self.pids()
+            if not pids:
+                return
+            for pid in pids:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+
+    def remove(self) -> None:
+        self.kill_all()
+        for directory in {self.memory_dir, self.pids_dir}:
+            with contextlib.suppress(OSError):
+                directory.rmdir()

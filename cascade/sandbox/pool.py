@@ -1,0 +1,277 @@
+"""Warm bubblewrap workers, one per core, each running one execution at a time.
+
+A worker is `bwrap` (every namespace unshared, no network, read-only /usr and root, private
+tmpfs /tmp, minimal /dev, new /proc, empty environment, dies with its parent) started as a
+dedicated non-root uid — bwrap started as real root leaves the program root's powers — in
+its own memory and pids cgroups where the host allows, running `nsworker.py` under the
+system interpreter. Each execution then costs a few forks and an `unshare`, not an
+interpreter start (see `nsworker`). A worker that stops answering is killed with its whole
+cgroup and restarted; its job comes back as `infra_error`, never as a reward of 0.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import queue
+import select
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cascade.sandbox import cgroups
+
+HERE = Path(__file__).resolve().parent
+HARNESS_FILES = {
+    "nsworker.py": HERE / "nsworker.py",
+    "judge.py": HERE / "judge.py",
+    "sandbox_harness.py": HERE.parent / "domains" / "sandbox_harness.py",
+}
+_START_TIMEOUT_S = 20.0
+_BACKSTOP_SLACK_S = 5.0
+
+_LAUNCHER = """
+import os, sys
+uid = int(sys.argv[1]); procs = sys.argv[2].split(",") if sys.argv[2] else []
+for path in procs:
+    with open(path, "w") as f:
+        f.write(str(os.getpid()))
+if os.geteuid() == 0:
+    os.setgroups([]); os.setgid(uid); os.setuid(uid)
+os.execvp(sys.argv[3], sys.argv[3:])
+"""
+"""Joins the worker's cgroups while still privileged, drops to the sandbox uid, execs bwrap."""
+
+
+@dataclass(frozen=True)
+class BwrapSettings:
+    python: str = "/usr/bin/python3"
+    """Interpreter inside the sandbox (stdlib only; it must live under /usr)."""
+    uid: int = 61000
+    """Non-root uid the sandbox runs as when the service runs as root (no passwd entry needed)."""
+    bwrap: str = "bwrap"
+    use_cgroups: bool = True
+    """Cap memory and processes of a whole execution with cgroups when the host allows."""
+
+
+class SandboxUnavailable(RuntimeError):
+    """The host cannot run the bubblewrap sandbox; the message says what is missing."""
+
+
+def bwrap_argv(settings: BwrapSettings) -> list[str]:
+    binary = shutil.which(settings.bwrap)
+    if binary is None:
+        raise SandboxUnavailable(
+            f"bubblewrap not found ({settings.bwrap!r}): install the Debian/Ubuntu package `bubblewrap`"
+        )
+    python = os.path.realpath(settings.python)
+    if not python.startswith("/usr/") or not os.access(python, os.X_OK):
+        raise SandboxUnavailable(f"sandbox python {settings.python!r} must be an executable under /usr")
+    argv = [binary, "--unshare-all", "--die-with-parent", "--new-session", "--clearenv"]
+    argv += ["--ro-bind", "/usr", "/usr"]
+    for link in ("bin", "lib", "lib64", "sbin"):
+        if os.path.islink(f"/{link}"):
+            argv += ["--symlink", os.readlink(f"/{link}"), f"/{link}"]
+    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--dir", "/sandbox"]
+    for name, path in HARNESS_FILES.items():
+        argv += ["--ro-bind", str(path), f"/sandbox/{name}"]
+    argv += ["--remount-ro", "/", "--hostname", "sandbox", "--chdir", "/tmp"]
+    argv += ["--setenv", "PATH", "/usr/bin:/bin", "--setenv", "LANG", "C.UTF-8"]
+    return argv + [python, "-I", "-S", "-B", "/sandbox/nsworker.py"]
+
+
+class SandboxWorker:
+    """One warm worker process; `execute` runs one job on it (callers serialise per worker)."""
+
+    def __init__(self, settings: BwrapSettings, name: str) -> None:
+        self.settings, self.name = settings, name
+        self.group: cgroups.WorkerGroup | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._buffer = b""
+        self._limits: tuple[int, int] | None = None
+        self.restarts = 0
+
+    def start(self) -> None:
+        argv = bwrap_argv(self.settings)
+        if self.settings.use_cgroups and cgroups.available():
+            self.group = cgroups.WorkerGroup.create(self.name)
+            self._limits = None
+        procs = ",".join(str(d / "cgroup.procs") for d in self._group_dirs())
+        uid = self.settings.uid if os.geteuid() == 0 else os.geteuid()
+        launcher = [sys.executable, "-I", "-S", "-c", _LAUNCHER, str(uid), procs, *argv]
+        self.proc = subprocess.Popen(
+            launcher, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={}
+        )
+        self._buffer = b""
+        hello = self._read_line(time.monotonic() + _START_TIMEOUT_S)
+        if hello is None or not hello.get("ready"):
+            errors = self._stop_and_read_stderr()
+            raise SandboxUnavailable(f"sandbox worker did not start: {errors or 'no output'}")
+
+    def _group_dirs(self) -> list[Path]:
+        if self.group is None:
+            return []
+        return sorted({self.group.memory_dir, self.group.pids_dir})
+
+    def execute(self, job: dict[str, Any]) -> dict[str, Any]:
+        if self.proc is None or self.proc.poll() is not None:
+            self.restart()
+        assert self.proc is not None and self.proc.stdin is not None
+        limits = job["limits"]
+        oom_before = 0
+        if self.group is not None:
+            wanted = (int(limits["memory_mb"]), int(limits["max_processes"]))
+            if wanted != self._limits:
+                self.group.set_limits(*wanted)
+                self._limits = wanted
+            oom_before = self.group.oom_kills()
+        backstop = limits["time_limit_s"] * (len(job["tests"]) + 1) + _BACKSTOP_SLACK_S
+        try:
+            self.proc.stdin.write(json.dumps(job).encode() + b"\n")
+            self.proc.stdin.flush()
+            result = self._read_line(time.monotonic() + backstop)
+        except OSError:
+            result = None
+        if result is None or result.get("i") != job["i"]:
+            self.restart()
+            return _infra(job, f"sandbox worker {self.name} stopped answering and was restarted")
+        if self.group is not None and self.group.oom_kills() > oom_before and result["status"] != "ok":
+            result.update(status="memory_limit", detail=f"killed at the {limits['memory_mb']} MB memory cap")
+        return result
+
+    def _read_line(self, deadline: float) -> dict[str, Any] | None:
+        assert self.proc is not None and self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self._buffer:
+            wait = deadline - time.monotonic()
+            if wait <= 0 or not select.select([fd], [], [], wait)[0]:
+                return None
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                return None
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        try:
+            record = json.loads(line)
+        except ValueError:
+            return None
+        return record if isinstance(record, dict) else None
+
+    def restart(self) -> None:
+        self.restarts += 1
+        self.stop()
+        self.start()
+
+    def _stop_and_read_stderr(self) -> str:
+        proc = self.proc
+        self.stop()
+        if proc is None or proc.stderr is None:
+            return ""
+        with contextlib.suppress(OSError, ValueError):
+            return proc.stderr.read().decode(errors="replace").strip()[-500:]
+        return ""
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            with contextlib.suppress(OSError):
+                self.proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=5)
+            for stream in (self.proc.stdin, self.proc.stdout):
+                if stream is not None:
+                    with contextlib.suppress(OSError):
+                        stream.close()
+        if self.group is not None:
+            self.group.remove()
+            self.group = None
+        self.proc = None
+
+
+def _infra(job: dict[str, Any], detail: str) -> dict[str, Any]:
+    return {
+        "i": job["i"],
+        "status": "infra_error",
+        "passed": 0,
+        "total": len(job["tests"]),
+        "detail": detail,
+        "seconds": 0.0,
+    }
+
+
+class SandboxPool:
+    """`size` warm workers; `run(jobs)` spreads jobs over them and returns results in order."""
+
+    def __init__(self, size: int, settings: BwrapSettings | None = None) -> None:
+        self.settings = settings or BwrapSettings()
+        self.owner = os.getpid()
+        tag = f"cascade-sbx-{os.getpid()}-{id(self) % 100000}"
+        self.workers = [SandboxWorker(self.settings, f"{tag}-{i}") for i in range(max(1, size))]
+        self._lock = threading.Lock()
+        try:
+            for worker in self.workers:
+                worker.start()
+        except BaseException:
+            self.close()
+            raise
+
+    def run(self, jobs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        todo: queue.SimpleQueue[int] = queue.SimpleQueue()
+        for index in range(len(jobs)):
+            todo.put(index)
+        results: list[dict[str, Any] | None] = [None] * len(jobs)
+
+        def drain(worker: SandboxWorker) -> None:
+            while True:
+                try:
+                    index = todo.get_nowait()
+                except queue.Empty:
+                    return
+                job = {**jobs[index], "i": index}
+                try:
+                    results[index] = worker.execute(job)
+                except Exception as err:  # a worker that cannot even restart
+                    results[index] = _infra(job, f"sandbox worker failed: {err}")
+
+        with self._lock:  # one batch at a time; each worker is driven by one thread
+            threads = [threading.Thread(target=drain, args=(w,), daemon=True) for w in self.workers]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+        return [
+            r if r is not None else _infra({"i": i, "tests": []}, "not run") for i, r in enumerate(results)
+        ]
+
+    def close(self) -> None:
+        for worker in self.workers:
+            worker.stop()
+
+
+_pools: dict[tuple[int, BwrapSettings], SandboxPool] = {}
+_pools_lock = threading.Lock()
+
+
+def shared_pool(size: int, settings: BwrapSettings | None = None) -> SandboxPool:
+    """The process's pool for (size, settings), started on first use (and again after a fork)."""
+    key = (size, settings or BwrapSettings())
+    with _pools_lock:
+        pool = _pools.get(key)
+        if pool is None or pool.owner != os.getpid():
+            pool = _pools[key] = SandboxPool(size, key[1])
+        return pool
+
+
+@atexit.register
+def _close_pools() -> None:
+    for pool in list(_pools.values()):
+        if pool.owner == os.getpid():
+            pool.close()
+    _pools.clear()

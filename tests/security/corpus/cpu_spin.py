@@ -1,0 +1,4 @@
+# expect: timeout
+# Spins at import time.
+while True:
+    pass

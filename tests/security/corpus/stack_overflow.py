@@ -1,0 +1,12 @@
+# expect: runtime_error
+# Unbounded C recursion (repr of a deeply nested list, recursion limit lifted): SIGSEGV.
+import sys
+
+sys.setrecursionlimit(10**9)
+
+
+def f(x):
+    nested = []
+    for _ in range(10**6):
+        nested = [nested]
+    return len(repr(nested))
