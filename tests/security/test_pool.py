@@ -1,0 +1,67 @@
+"""The warm worker pool's failure handling and the start-up check."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import threading
+import time
+
+import pytest
+
+from cascade.sandbox import preflight
+from cascade.sandbox.pool import BwrapSettings, SandboxPool, SandboxUnavailable
+
+LIMITS = {
+    "time_limit_s": 5.0,
+    "memory_mb": 256,
+    "max_output_bytes": 4096,
+    "max_processes": 8,
+    "max_file_bytes": 1 << 20,
+    "max_open_files": 64,
+}
+TESTS = [{"input": 1, "output": 2}]
+needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+
+
+def job(code: str) -> dict:
+    return {"code": code, "tests": TESTS, "entry_point": "f", "limits": LIMITS}
+
+
+def test_missing_bubblewrap_is_named_with_what_a_pod_needs() -> None:
+    with pytest.raises(SandboxUnavailable) as err:
+        preflight.require(BwrapSettings(bwrap="no-such-bwrap"))
+    message = str(err.value)
+    assert "FAIL  bubblewrap: 'no-such-bwrap' not on PATH" in message
+    assert "seccompProfile" in message and "procMount" in message
+
+
+def test_python_outside_usr_is_refused() -> None:
+    with pytest.raises(SandboxUnavailable, match="must be an executable under /usr"):
+        SandboxPool(1, BwrapSettings(python="/nonexistent/python3"))
+
+
+@needs_bwrap
+def test_preflight_passes_here() -> None:
+    checks = preflight.require()
+    assert [c.name for c in checks if c.required and c.ok][-1] == "run a program"
+
+
+@needs_bwrap
+def test_worker_killed_mid_job_gives_infra_error_and_is_restarted() -> None:
+    pool = SandboxPool(1)
+    try:
+        worker = pool.workers[0]
+        assert worker.proc is not None
+        victim = worker.proc.pid
+        threading.Timer(0.5, lambda: os.kill(victim, signal.SIGKILL)).start()
+        start = time.monotonic()
+        result = pool.run([job("import time\ndef f(x):\n    time.sleep(3)\n    return x + 1")])[0]
+        assert result["status"] == "infra_error", result
+        assert "restarted" in result["detail"]
+        assert time.monotonic() - start < 5
+        assert worker.restarts == 1
+        assert pool.run([job("def f(x):\n    return x + 1")])[0]["status"] == "ok"
+    finally:
+        pool.close()
