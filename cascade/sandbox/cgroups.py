@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -112,18 +113,35 @@ class WorkerGroup:
             return [int(p) for p in (self.pids_dir / "cgroup.procs").read_text().split()]
         return []
 
-    def kill_all(self) -> None:
-        """SIGKILL every process in the group (repeated: a forking process may add one meanwhile)."""
-        for _ in range(20):
-            pids = self.pids()
-            if not pids:
-                return
+    def kill_all(self, wait_s: float = 2.0) -> None:
+        """SIGKILL every process in the group until it is empty (a forking process may add some)."""
+        deadline = time.monotonic() + wait_s
+        while (pids := self.pids()) and time.monotonic() < deadline:
             for pid in pids:
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
+            time.sleep(0.01)
 
     def remove(self) -> None:
         self.kill_all()
         for directory in {self.memory_dir, self.pids_dir}:
             with contextlib.suppress(OSError):
                 directory.rmdir()
+
+
+def remove_stale(prefix: str) -> int:
+    """Remove groups named `<prefix>-<pid>-...` whose creating process is gone (it was killed)."""
+    dirs = _parent_dirs()
+    removed = 0
+    if dirs is None:
+        return 0
+    for parent in set(dirs):
+        for group in parent.glob(f"{prefix}-*"):
+            owner = group.name.removeprefix(f"{prefix}-").split("-", 1)[0]
+            if owner.isdigit() and not Path(f"/proc/{owner}").exists():
+                stale = WorkerGroup(group, group, _v2_root() is not None)
+                stale.kill_all()
+                with contextlib.suppress(OSError):
+                    group.rmdir()
+                    removed += 1
+    return removed

@@ -36,6 +36,7 @@ HARNESS_FILES = {
     "sandbox_harness.py": HERE.parent / "domains" / "sandbox_harness.py",
 }
 _START_TIMEOUT_S = 20.0
+GROUP_PREFIX = "cascade-sbx"
 _BACKSTOP_SLACK_S = 5.0
 
 _LAUNCHER = """
@@ -212,7 +213,9 @@ class SandboxPool:
     def __init__(self, size: int, settings: BwrapSettings | None = None) -> None:
         self.settings = settings or BwrapSettings()
         self.owner = os.getpid()
-        tag = f"cascade-sbx-{os.getpid()}-{id(self) % 100000}"
+        if self.settings.use_cgroups and cgroups.available():
+            cgroups.remove_stale(GROUP_PREFIX)
+        tag = f"{GROUP_PREFIX}-{os.getpid()}-{id(self) % 100000}"
         self.workers = [SandboxWorker(self.settings, f"{tag}-{i}") for i in range(max(1, size))]
         self._lock = threading.Lock()
         try:

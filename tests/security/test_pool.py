@@ -65,3 +65,13 @@ def test_worker_killed_mid_job_gives_infra_error_and_is_restarted() -> None:
         assert pool.run([job("def f(x):\n    return x + 1")])[0]["status"] == "ok"
     finally:
         pool.close()
+
+
+def test_cli_check_fails_for_a_root_sandbox_uid(capsys: pytest.CaptureFixture[str]) -> None:
+    from cascade.cli import main
+
+    if os.geteuid() != 0:
+        pytest.skip("the uid setting applies only when running as root")
+    assert main(["sandbox", "check", "--uid", "0"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL  sandbox uid: root: drops to uid 0" in out and "seccompProfile" in out
