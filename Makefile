@@ -4,13 +4,15 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 TINY   := models/tiny
+TINY_FULL := models/tiny-full
 
-.PHONY: install demo ablation test lint services clean
+.PHONY: install demo demo-full ablation test lint services sandbox clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(shell find proto -name '*.proto')
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
+	PY=$(PY) bash scripts/gen-proto.sh
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -19,7 +21,7 @@ $(TINY)/config.json: | $(STAMP)
 	$(VENV)/bin/cascade model init --out $(TINY)
 
 # The main job: the whole cascade on the tiny model in one process (resumes if interrupted).
-demo: install $(TINY)/config.json
+demo: install sandbox $(TINY)/config.json
 	$(VENV)/bin/cascade run examples/tiny-cascade.yaml --resume
 
 # The same cascade with and without distillation, same seed (the README's two tables).
@@ -27,14 +29,25 @@ ablation: install $(TINY)/config.json
 	$(VENV)/bin/cascade run examples/tiny-cascade.yaml --resume
 	$(VENV)/bin/cascade run examples/tiny-cascade.yaml --resume --no-distill
 
+# All five domains, RLHF -> IF -> math -> code -> SWE, on a model SFT'd on all five (plus the
+# tiny reward model rlhf needs, in $(TINY_FULL)/reward_model).
+$(TINY_FULL)/config.json: | $(STAMP)
+	$(VENV)/bin/cascade model init --spec full --out $(TINY_FULL)
+
+demo-full: install sandbox $(TINY_FULL)/config.json
+	$(VENV)/bin/cascade run examples/full-cascade.yaml --resume
+
 services:
 	bash scripts/ensure-services.sh
+
+sandbox:
+	bash scripts/ensure-sandbox.sh
 
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy cascade
 
-test: install services $(TINY)/config.json
+test: install services sandbox $(TINY)/config.json
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy cascade
 	$(VENV)/bin/pytest -q -p no:cacheprovider

@@ -78,6 +78,11 @@ class CodeReward(StrictModel):
     memory_mb: int = Field(256, ge=16)
     max_output_bytes: int = Field(65536, ge=256)
     max_processes: int = Field(16, ge=1)
+    sandbox: Literal["auto", "bwrap", "process"] = "auto"
+    """`bwrap`: the bubblewrap sandbox (required by the reward service); `process`: rlimited
+    forks, NOT a security boundary; `auto`: bwrap when this host can run it, else process."""
+    sandbox_uid: int = Field(61000, ge=1)
+    """Non-root uid the bubblewrap sandbox runs as when the caller is root."""
 
 
 class IfReward(StrictModel):
@@ -105,7 +110,11 @@ class RlhfReward(StrictModel):
     model_path: Path
     """A local Hugging Face sequence-classification checkpoint (one output)."""
     shaping: Literal["none", "group_tanh"] = "none"
-    """`group_tanh`: z-score each group's scores, then tanh."""
+    """`group_tanh`: z-score each group's scores, then tanh (training only: evals are unshaped)."""
+    baseline: Literal["none", "reference"] = "none"
+    """`reference`: reward = sigmoid(score - score of the problem's reference answer), the
+    Bradley-Terry probability that the response beats the reference (0.5 = as good); bounded
+    in (0, 1), so evals read as a win rate. `none`: the raw (unbounded) score."""
     batch_size: int = Field(32, ge=1)
     max_length: int = Field(256, ge=8)
 
@@ -376,6 +385,16 @@ def parse_cascade_config(data: object, source: str = "config") -> CascadeConfig:
         raise ConfigError(f"{source}: <root>: expected a mapping, got {type(data).__name__}")
     try:
         return CascadeConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_format_validation_error(err, source)) from None
+
+
+def parse_domain_config(data: object, source: str = "domain") -> DomainConfig:
+    """One domain's config on its own (the reward service gets them per request)."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: <root>: expected a mapping, got {type(data).__name__}")
+    try:
+        return DomainConfig.model_validate(data)
     except ValidationError as err:
         raise ConfigError(_format_validation_error(err, source)) from None
 

@@ -24,7 +24,7 @@ from cascade.domains.base import (
     RewardVerdict,
 )
 from cascade.domains.common import Candidate, generate_problems, strip_thinking
-from cascade.domains.sandbox import ExecResult, Job, SandboxLimits, run_jobs
+from cascade.domains.sandbox import BwrapSettings, ExecResult, Job, SandboxLimits, run_jobs
 
 
 @dataclass(frozen=True)
@@ -117,6 +117,7 @@ class CodeDomain:
             max_output_bytes=self.config.max_output_bytes,
             max_processes=self.config.max_processes,
         )
+        self.settings = BwrapSettings(uid=self.config.sandbox_uid)
 
     def make_problems(self, split: str, n: int, seed: int) -> list[Problem]:
         return generate_problems(self.name, split, n, seed, draw_code_problem)
@@ -141,7 +142,10 @@ class CodeDomain:
             else:
                 jobs.append(Job(code, tests, problem.meta.get("entry_point"), stop_on_failure=all_pass))
                 slots.append(i)
-        for i, result in zip(slots, run_jobs(jobs, self.limits, workers=self.workers), strict=True):
+        results = run_jobs(
+            jobs, self.limits, workers=self.workers, backend=self.config.sandbox, settings=self.settings
+        )
+        for i, result in zip(slots, results, strict=True):
             verdicts[i] = self._verdict(result, all_pass)
         return [v for v in verdicts if v is not None]
 

@@ -20,6 +20,7 @@ import select
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -67,7 +68,18 @@ class SandboxUnavailable(RuntimeError):
     """The host cannot run the bubblewrap sandbox; the message says what is missing."""
 
 
-def bwrap_argv(settings: BwrapSettings) -> list[str]:
+def stage_harness() -> Path:
+    """Copies of the in-sandbox files in a fresh world-readable directory: the sandbox uid may not
+    be able to reach the installed package (say, under /root), and it sees nothing else of it."""
+    staged = Path(tempfile.mkdtemp(prefix="cascade-sandbox-"))
+    for name, source in HARNESS_FILES.items():
+        shutil.copyfile(source, staged / name)
+        (staged / name).chmod(0o644)
+    staged.chmod(0o755)
+    return staged
+
+
+def bwrap_argv(settings: BwrapSettings, harness_dir: Path) -> list[str]:
     binary = shutil.which(settings.bwrap)
     if binary is None:
         raise SandboxUnavailable(
@@ -82,8 +94,8 @@ def bwrap_argv(settings: BwrapSettings) -> list[str]:
         if os.path.islink(f"/{link}"):
             argv += ["--symlink", os.readlink(f"/{link}"), f"/{link}"]
     argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--dir", "/sandbox"]
-    for name, path in HARNESS_FILES.items():
-        argv += ["--ro-bind", str(path), f"/sandbox/{name}"]
+    for name in HARNESS_FILES:
+        argv += ["--ro-bind", str(harness_dir / name), f"/sandbox/{name}"]
     argv += ["--remount-ro", "/", "--hostname", "sandbox", "--chdir", "/tmp"]
     argv += ["--setenv", "PATH", "/usr/bin:/bin", "--setenv", "LANG", "C.UTF-8"]
     return argv + [python, "-I", "-S", "-B", "/sandbox/nsworker.py"]
@@ -92,16 +104,17 @@ def bwrap_argv(settings: BwrapSettings) -> list[str]:
 class SandboxWorker:
     """One warm worker process; `execute` runs one job on it (callers serialise per worker)."""
 
-    def __init__(self, settings: BwrapSettings, name: str) -> None:
-        self.settings, self.name = settings, name
+    def __init__(self, settings: BwrapSettings, name: str, harness_dir: Path) -> None:
+        self.settings, self.name, self.harness_dir = settings, name, harness_dir
         self.group: cgroups.WorkerGroup | None = None
         self.proc: subprocess.Popen[bytes] | None = None
         self._buffer = b""
         self._limits: tuple[int, int] | None = None
+        self._base_pids = 0
         self.restarts = 0
 
     def start(self) -> None:
-        argv = bwrap_argv(self.settings)
+        argv = bwrap_argv(self.settings, self.harness_dir)
         if self.settings.use_cgroups and cgroups.available():
             self.group = cgroups.WorkerGroup.create(self.name)
             self._limits = None
@@ -116,6 +129,7 @@ class SandboxWorker:
         if hello is None or not hello.get("ready"):
             errors = self._stop_and_read_stderr()
             raise SandboxUnavailable(f"sandbox worker did not start: {errors or 'no output'}")
+        self._base_pids = len(self.group.pids()) if self.group is not None else 0
 
     def _group_dirs(self) -> list[Path]:
         if self.group is None:
@@ -146,7 +160,21 @@ class SandboxWorker:
             return _infra(job, f"sandbox worker {self.name} stopped answering and was restarted")
         if self.group is not None and self.group.oom_kills() > oom_before and result["status"] != "ok":
             result.update(status="memory_limit", detail=f"killed at the {limits['memory_mb']} MB memory cap")
+        if not self._settled():
+            self.restart()  # something of the execution outlived it: never let it meet the next one
         return result
+
+    def _settled(self, wait_s: float = 2.0) -> bool:
+        """Whether the worker's cgroup is back to the worker's own processes (without cgroups the
+        execution's PID namespace guarantees it)."""
+        if self.group is None:
+            return True
+        deadline = time.monotonic() + wait_s
+        while len(self.group.pids()) > self._base_pids:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.005)
+        return True
 
     def _read_line(self, deadline: float) -> dict[str, Any] | None:
         assert self.proc is not None and self.proc.stdout is not None
@@ -216,7 +244,10 @@ class SandboxPool:
         if self.settings.use_cgroups and cgroups.available():
             cgroups.remove_stale(GROUP_PREFIX)
         tag = f"{GROUP_PREFIX}-{os.getpid()}-{id(self) % 100000}"
-        self.workers = [SandboxWorker(self.settings, f"{tag}-{i}") for i in range(max(1, size))]
+        self.harness_dir = stage_harness()
+        self.workers = [
+            SandboxWorker(self.settings, f"{tag}-{i}", self.harness_dir) for i in range(max(1, size))
+        ]
         self._lock = threading.Lock()
         try:
             for worker in self.workers:
@@ -256,6 +287,7 @@ class SandboxPool:
     def close(self) -> None:
         for worker in self.workers:
             worker.stop()
+        shutil.rmtree(self.harness_dir, ignore_errors=True)
 
 
 _pools: dict[tuple[int, BwrapSettings], SandboxPool] = {}

@@ -16,6 +16,8 @@ from pathlib import Path
 from cascade.sandbox import cgroups
 from cascade.sandbox.pool import BwrapSettings, SandboxPool, SandboxUnavailable
 
+__all__ = ["KUBERNETES_NEEDS", "Check", "SandboxUnavailable", "check", "format_report", "require"]
+
 KUBERNETES_NEEDS = """\
 In a container or Kubernetes pod the sandbox needs:
   - the `bubblewrap` package in the image (Debian/Ubuntu: apt-get install bubblewrap);

@@ -268,3 +268,14 @@ def test_config_is_frozen() -> None:
     cfg = parse_cascade_config(copy.deepcopy(_base()))
     with pytest.raises(ValueError):
         cfg.seed = 3  # type: ignore[misc]
+
+
+def test_parse_domain_config_alone() -> None:
+    from cascade.config import CodeReward, parse_domain_config
+
+    cfg = parse_domain_config({"name": "code", "reward": {"kind": "code", "mode": "pass_fraction"}})
+    assert isinstance(cfg.reward, CodeReward) and cfg.reward.mode == "pass_fraction"
+    with pytest.raises(ConfigError, match=r"^request: reward\.code\.time_limit_s: .*greater than 0"):
+        parse_domain_config({"name": "code", "reward": {"kind": "code", "time_limit_s": 0}}, "request")
+    with pytest.raises(ConfigError, match="expected a mapping"):
+        parse_domain_config(["code"])

@@ -1,4 +1,5 @@
-"""The plain-process backend (no bubblewrap): limits map to reasons, nothing outlives an execution, harness failures are infra."""
+"""The plain-process backend (no bubblewrap): limits map to reasons, nothing outlives an
+execution, harness failures are infra."""
 
 from __future__ import annotations
 
@@ -148,7 +149,9 @@ def test_file_written_by_one_execution_is_not_seen_by_the_next(shared_dir: Path)
         "def f(x):\n    return x + 1"
     )
     reader = "import os\ndef f(x):\n    return x + 1 if not os.path.exists('left.txt') else -1"
-    results = run_jobs([Job(writer, TESTS, "f"), Job(reader, TESTS, "f")], LIMITS, workers=1, backend="process")
+    results = run_jobs(
+        [Job(writer, TESTS, "f"), Job(reader, TESTS, "f")], LIMITS, workers=1, backend="process"
+    )
     assert [r.status for r in results] == ["ok", "ok"]
     cwd = log.read_text().strip()
     assert cwd and cwd != os.getcwd()
@@ -160,7 +163,9 @@ def test_identical_jobs_run_once(shared_dir: Path) -> None:
     log.touch()
     log.chmod(0o666)  # each job may run as its own throwaway uid
     code = f"open({str(log)!r}, 'a').write('run\\n')\ndef f(x):\n    return x + 1"
-    results = run_jobs([Job(code, TESTS, "f")] * 3 + [Job(code + "\n", TESTS, "f")], LIMITS, backend="process")
+    results = run_jobs(
+        [Job(code, TESTS, "f")] * 3 + [Job(code + "\n", TESTS, "f")], LIMITS, backend="process"
+    )
     assert [r.status for r in results] == ["ok"] * 4
     assert log.read_text().count("run") == 2
 
@@ -251,7 +256,9 @@ def test_harness_overall_timeout_gives_infra_error_only_for_unfinished_jobs(
         Job("import time\ndef f(x):\n    time.sleep(30)", TESTS, "f"),
     ]
     start = time.monotonic()
-    results = run_jobs(jobs, SandboxLimits(time_limit_s=20.0), workers=1, overall_timeout_s=1.0, backend="process")
+    results = run_jobs(
+        jobs, SandboxLimits(time_limit_s=20.0), workers=1, overall_timeout_s=1.0, backend="process"
+    )
     assert time.monotonic() - start < 10
     assert [r.status for r in results] == ["ok", "infra_error"]
     assert "exceeded" in results[1].detail

@@ -1,0 +1,146 @@
+"""A validated scoring batch, how it is cut into Celery tasks, and the domains that score it.
+
+Shared by the gRPC front (which scores the light domains itself) and the Celery workers, so
+both build domains and turn verifier failures into `infra_error` verdicts the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cascade.config import DomainConfig, parse_domain_config
+from cascade.domains import Domain, Problem, RewardVerdict, make_domain
+from cascade.domains.base import INFRA_ERROR
+
+log = logging.getLogger(__name__)
+
+UNSPLITTABLE = frozenset({"rlhf"})
+"""Domains whose verdicts depend on the whole batch (rlhf: group shaping and the no-answer
+floor are per batch), so a batch of them is scored by one task, never cut into chunks."""
+
+
+@dataclass(frozen=True)
+class Batch:
+    domain: DomainConfig
+    problems: list[Problem]
+    completions: list[str]
+
+    @property
+    def domain_json(self) -> str:
+        """The domain's name and reward config as canonical JSON (task payload, cache key)."""
+        return domain_key(self.domain)
+
+    def chunks(self, size: int) -> list[range]:
+        """Index ranges of at most `size` items (the whole batch for unsplittable domains)."""
+        n = len(self.problems)
+        if self.domain.name in UNSPLITTABLE:
+            return [range(0, n)]
+        return [range(start, min(start + size, n)) for start in range(0, n, size)]
+
+    def payload(self, indices: range) -> list[dict[str, Any]]:
+        """Items `indices` as JSON-serialisable dicts (what a Celery task receives)."""
+        return [
+            {
+                "id": self.problems[i].id,
+                "prompt": self.problems[i].prompt,
+                "answer": self.problems[i].answer,
+                "meta": self.problems[i].meta,
+                "completion": self.completions[i],
+            }
+            for i in indices
+        ]
+
+
+def domain_key(domain: DomainConfig) -> str:
+    return json.dumps(domain.model_dump(mode="json", include={"name", "reward"}), sort_keys=True)
+
+
+def batch_from_payload(domain_json: str, items: Sequence[dict[str, Any]]) -> Batch:
+    """The inverse of `Batch.payload` (on the worker); raises ValueError on a malformed payload."""
+    domain = parse_domain_config(json.loads(domain_json), "task domain")
+    problems = [
+        Problem(id=it["id"], domain=domain.name, prompt=it["prompt"], answer=it["answer"], meta=it["meta"])
+        for it in items
+    ]
+    return Batch(domain, problems, [it["completion"] for it in items])
+
+
+def infra_verdicts(n: int, detail: str) -> list[RewardVerdict]:
+    """`n` verdicts saying the verifier could not score (never a reward the learner trains on)."""
+    return [RewardVerdict(0.0, INFRA_ERROR, detail)] * n
+
+
+class DomainCache:
+    """Domains built once per (name, reward config) and reused; the least recently used of more
+    than `maxsize` is closed (a math domain holds a worker process)."""
+
+    def __init__(self, maxsize: int = 8) -> None:
+        self.maxsize = maxsize
+        self._domains: OrderedDict[str, Domain] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, config: DomainConfig) -> Domain:
+        key = domain_key(config)
+        with self._lock:
+            domain = self._domains.get(key)
+            if domain is None:
+                domain = make_domain(config)
+                self._domains[key] = domain
+                while len(self._domains) > self.maxsize:
+                    _, old = self._domains.popitem(last=False)
+                    _close(old)
+            self._domains.move_to_end(key)
+            return domain
+
+    def close(self) -> None:
+        with self._lock:
+            while self._domains:
+                _close(self._domains.popitem()[1])
+
+    def score(self, batch: Batch) -> list[RewardVerdict]:
+        """The batch's verdicts; a domain that cannot be built or raises gives `infra_error`s."""
+        n = len(batch.problems)
+        try:
+            domain = self.get(batch.domain)
+        except Exception as err:
+            log.exception("cannot build domain %s", batch.domain_json)
+            return infra_verdicts(n, f"cannot build the {batch.domain.name} verifier: {err!r:.300}")
+        try:
+            verdicts = domain.score_batch(batch.problems, batch.completions)
+        except Exception as err:
+            log.exception("%s verifier failed on %d items", batch.domain.name, n)
+            return infra_verdicts(n, f"{batch.domain.name} verifier failed: {err!r:.300}")
+        if len(verdicts) != n:
+            return infra_verdicts(n, f"verifier returned {len(verdicts)} verdicts for {n} items")
+        return verdicts
+
+
+def _close(domain: Domain) -> None:
+    close = getattr(domain, "close", None)
+    if callable(close):
+        try:
+            close()
+        except Exception:
+            log.exception("closing domain %s", getattr(domain, "name", "?"))
+
+
+def verdicts_to_json(verdicts: Sequence[RewardVerdict]) -> list[list[Any]]:
+    return [[v.reward, v.reason, v.detail] for v in verdicts]
+
+
+def verdicts_from_json(data: Any, n: int) -> list[RewardVerdict]:
+    """A task's result back into verdicts; ValueError when it is not `n` [reward, reason, detail]."""
+    if not isinstance(data, list) or len(data) != n:
+        got = f"{len(data)} verdicts" if isinstance(data, list) else type(data).__name__
+        raise ValueError(f"expected {n} verdicts, got {got}")
+    return [RewardVerdict(float(r), str(reason), str(detail)) for r, reason, detail in data]
+
+
+def indexed(indices: range, verdicts: Sequence[RewardVerdict]) -> Iterator[tuple[int, RewardVerdict]]:
+    return zip(indices, verdicts, strict=True)

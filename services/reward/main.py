@@ -1,0 +1,152 @@
+"""`cascade-reward` / `python -m services.reward.main`: the reward service's gRPC front.
+
+Arguments are parsed before gRPC, Celery and the verifiers are imported, so `--help` and bad
+flags answer at once. Workers are separate processes:
+`celery -A services.reward.tasks worker --concurrency N` (see services/reward/README.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+from typing import Any
+
+log = logging.getLogger("cascade.reward")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    env = os.environ
+    p = argparse.ArgumentParser(prog="cascade-reward", description=__doc__.splitlines()[0])
+    p.add_argument(
+        "--host", default="0.0.0.0", help="address to bind gRPC and HTTP on (default: %(default)s)"
+    )
+    p.add_argument("--port", type=int, default=50051, help="gRPC port (default: %(default)s)")
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=9100,
+        help="HTTP port for /metrics and /health (default: %(default)s)",
+    )
+    p.add_argument(
+        "--broker-url",
+        default=env.get("CASCADE_REWARD_BROKER_URL", "redis://127.0.0.1:6379/0"),
+        help="Celery broker (env CASCADE_REWARD_BROKER_URL; default: %(default)s)",
+    )
+    p.add_argument(
+        "--result-backend",
+        default=env.get("CASCADE_REWARD_RESULT_BACKEND") or None,
+        help="Celery result backend (env CASCADE_REWARD_RESULT_BACKEND; default: the broker)",
+    )
+    p.add_argument(
+        "--remote-domains",
+        default="code,rlhf",
+        help="comma-separated domains scored by the Celery workers; the rest are scored in this "
+        "process (default: %(default)s)",
+    )
+    p.add_argument("--chunk-size", type=int, default=8, help="items per Celery task (default: %(default)s)")
+    p.add_argument(
+        "--task-timeout-s",
+        type=float,
+        default=300.0,
+        help="wait for a batch's tasks before answering infra_error (default: %(default)s)",
+    )
+    p.add_argument(
+        "--max-items", type=int, default=4096, help="largest batch accepted (default: %(default)s)"
+    )
+    p.add_argument(
+        "--rpc-threads", type=int, default=32, help="concurrent RPCs served (default: %(default)s)"
+    )
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    args = p.parse_args(argv)
+    domains = {"math", "code", "if", "swe", "rlhf"}
+    args.remote_domains = frozenset(d.strip() for d in args.remote_domains.split(",") if d.strip())
+    if not args.remote_domains <= domains:
+        p.error(
+            f"--remote-domains: unknown {sorted(args.remote_domains - domains)}; "
+            f"expected some of {sorted(domains)}"
+        )
+    for name in ("chunk_size", "max_items", "rpc_threads"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.task_timeout_s <= 0:
+        p.error("--task-timeout-s must be positive")
+    return args
+
+
+def serve(args: argparse.Namespace) -> int:
+    from services.reward import tasks
+    from services.reward.batch import DomainCache
+    from services.reward.metrics import RewardMetrics, start_http_server
+    from services.reward.scoring import DispatchConfig, Dispatcher
+    from services.reward.server import RewardServicer, build_server, set_serving
+
+    celery_app = tasks.configure(
+        tasks.celery_settings(broker_url=args.broker_url, result_backend=args.result_backend)
+    )
+    metrics = RewardMetrics()
+    local = DomainCache()
+    dispatcher = Dispatcher(
+        DispatchConfig(
+            remote_domains=args.remote_domains, chunk_size=args.chunk_size, task_timeout_s=args.task_timeout_s
+        ),
+        celery_app,
+        local,
+    )
+    servicer = RewardServicer(dispatcher, metrics, max_items=args.max_items)
+    server, health, port = build_server(
+        servicer, address=f"{args.host}:{args.port}", max_workers=args.rpc_threads
+    )
+    serving = threading.Event()
+    http = start_http_server(args.host, args.metrics_port, metrics.registry, health=serving.is_set)
+    server.start()
+    set_serving(health, True)
+    serving.set()
+    log.info(
+        "reward service on %s:%d (metrics on :%d); remote domains: %s; broker %s",
+        args.host,
+        port,
+        http.server_port,
+        ",".join(sorted(args.remote_domains)) or "none",
+        _redact(args.broker_url),
+    )
+
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    stop.wait()
+    log.info("stopping")
+    serving.clear()
+    set_serving(health, False)
+    server.stop(grace=5).wait()
+    http.shutdown()
+    local.close()
+    return 0
+
+
+def _redact(url: str) -> str:
+    """The URL without its password (it goes to the log)."""
+    if "@" not in url or "://" not in url:
+        return url
+    scheme, rest = url.split("://", 1)
+    creds, host = rest.rsplit("@", 1)
+    return f"{scheme}://{creds.split(':', 1)[0]}:***@{host}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    return serve(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

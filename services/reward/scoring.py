@@ -1,0 +1,159 @@
+"""Where a batch is scored: here (light domains) or by the Celery workers (heavy ones).
+
+`Dispatcher.stream` yields `(index, verdict)` as chunks finish; `Dispatcher.score` collects
+them in order. Infra policy: when the broker or result backend cannot be reached, a task
+fails, or a chunk is not back within `task_timeout_s`, its items come back as `infra_error`
+verdicts (reward 0.0 that is not a score; the learner drops or retries them). The RPC itself
+still succeeds, so one dead chunk does not discard the rest of the batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from celery import Celery
+from celery.exceptions import TimeoutError as CeleryTimeout
+from celery.result import AsyncResult
+
+from cascade.domains import RewardVerdict
+from cascade.domains.base import INFRA_ERROR
+from services.reward.batch import Batch, DomainCache, indexed, infra_verdicts, verdicts_from_json
+from services.reward.tasks import TASK_NAME
+
+log = logging.getLogger(__name__)
+
+Indexed = Iterator[tuple[int, RewardVerdict]]
+
+
+_GET_STEP_S = 1.2
+"""A little more than the step in which Celery's Redis result consumer waits."""
+
+
+def _always() -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class DispatchConfig:
+    remote_domains: frozenset[str] = frozenset({"code", "rlhf"})
+    """Domains scored by the Celery workers; the others are scored in the front process."""
+    chunk_size: int = 8
+    """Items per Celery task (and per local scoring call, the streaming granularity)."""
+    task_timeout_s: float = 300.0
+    """How long the front waits for a batch's tasks before marking the rest `infra_error`."""
+
+
+class Dispatcher:
+    def __init__(self, config: DispatchConfig, celery_app: Celery, local: DomainCache) -> None:
+        self.config = config
+        self.celery_app = celery_app
+        self.local = local
+
+    def score(
+        self, batch: Batch, *, is_active: Callable[[], bool] = _always, timeout_s: float | None = None
+    ) -> list[RewardVerdict]:
+        verdicts: list[RewardVerdict | None] = [None] * len(batch.problems)
+        for i, verdict in self.stream(batch, is_active=is_active, timeout_s=timeout_s):
+            verdicts[i] = verdict
+        return [v or RewardVerdict(0.0, INFRA_ERROR, "not scored") for v in verdicts]
+
+    def stream(
+        self, batch: Batch, *, is_active: Callable[[], bool] = _always, timeout_s: float | None = None
+    ) -> Indexed:
+        """Verdicts as they are known; stops early once `is_active()` is false (client gone).
+
+        `timeout_s` (at most the configured `task_timeout_s`) bounds the wait for workers,
+        e.g. to answer before the client's deadline.
+        """
+        if batch.domain.name in self.config.remote_domains:
+            limit = (
+                self.config.task_timeout_s
+                if timeout_s is None
+                else min(timeout_s, self.config.task_timeout_s)
+            )
+            yield from self._remote(batch, is_active, limit)
+        else:
+            for indices in batch.chunks(self.config.chunk_size):
+                if not is_active():
+                    return
+                part = Batch(
+                    batch.domain,
+                    batch.problems[indices.start : indices.stop],
+                    batch.completions[indices.start : indices.stop],
+                )
+                yield from indexed(indices, self.local.score(part))
+
+    def _remote(self, batch: Batch, is_active: Callable[[], bool], timeout_s: float) -> Indexed:
+        deadline = time.monotonic() + timeout_s
+        pending: dict[range, AsyncResult] = {}
+        queue_error = ""
+        for indices in batch.chunks(self.config.chunk_size):
+            if not queue_error:
+                try:
+                    args = [batch.domain_json, batch.payload(indices)]
+                    pending[indices] = self.celery_app.send_task(TASK_NAME, args=args)
+                    continue
+                except Exception as err:  # broker or result store unreachable: stop trying
+                    log.warning("cannot queue a %s task: %r", batch.domain.name, err)
+                    queue_error = f"reward queue unavailable: {err!r:.200}"
+            yield from indexed(indices, infra_verdicts(len(indices), queue_error))
+        while pending and is_active():
+            ready = []
+            try:
+                ready = [indices for indices, result in pending.items() if result.ready()]
+            except Exception as err:  # result backend unreachable: nothing more will come back
+                log.warning("result backend failed: %r", err)
+                for indices in list(pending):
+                    del pending[indices]
+                    yield from indexed(indices, infra_verdicts(len(indices), f"result backend: {err!r:.200}"))
+                return
+            for indices in ready:
+                yield from indexed(indices, _collect(pending.pop(indices), len(indices)))
+            left = deadline - time.monotonic()
+            if pending and left <= 0:
+                for indices, result in list(pending.items()):
+                    del pending[indices]
+                    _forget(result)
+                    detail = f"no reward worker finished this chunk within {timeout_s:.3g}s"
+                    yield from indexed(indices, infra_verdicts(len(indices), detail))
+            elif pending and not ready:
+                _wait_a_little(next(iter(pending.values())), left)
+
+
+def _wait_a_little(result: AsyncResult, left: float) -> None:
+    """Wait for `result`, or about a second, or until `left` seconds are up.
+
+    Waiting through `get` reads the result store's pub/sub messages (which would otherwise
+    pile up) and marks the other finished chunks ready too; but Celery then waits in steps
+    of one second whatever its timeout, so near the deadline we poll instead.
+    """
+    if left <= _GET_STEP_S:
+        time.sleep(min(0.05, left))
+        return
+    try:
+        result.get(timeout=0.01, propagate=False)
+    except CeleryTimeout:
+        pass
+    except Exception:  # the next `ready()` reports a broken backend
+        time.sleep(0.05)
+
+
+def _collect(result: AsyncResult, n: int) -> list[RewardVerdict]:
+    try:
+        if not result.successful():
+            return infra_verdicts(n, f"reward task {result.state}: {result.result!r:.200}")
+        return verdicts_from_json(result.result, n)
+    except Exception as err:
+        return infra_verdicts(n, f"bad reward task result: {err!r:.200}")
+    finally:
+        _forget(result)
+
+
+def _forget(result: AsyncResult) -> None:
+    try:
+        result.forget()
+    except Exception:
+        log.debug("could not forget task %s", result.id, exc_info=True)

@@ -1,0 +1,132 @@
+"""The gRPC transport of the reward service: request in, `Dispatcher` call, verdicts out.
+
+A bad request is answered INVALID_ARGUMENT with `requests.BadRequest`'s message; nothing a
+client sends can crash the server. Verifier and worker failures are not RPC errors: they come
+back as `infra_error` verdicts (see `scoring`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from concurrent import futures
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from cascade.domains import RewardVerdict
+from cascade_proto.v1 import reward_pb2, reward_pb2_grpc
+from services.reward.batch import Batch
+from services.reward.metrics import RewardMetrics
+from services.reward.requests import DOMAINS, BadRequest, parse_request
+from services.reward.scoring import Dispatcher
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = reward_pb2.DESCRIPTOR.services_by_name["RewardService"].full_name
+
+
+class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
+    def __init__(self, dispatcher: Dispatcher, metrics: RewardMetrics, *, max_items: int = 4096) -> None:
+        self.dispatcher = dispatcher
+        self.metrics = metrics
+        self.max_items = max_items
+
+    def Score(  # noqa: N802 - gRPC method name
+        self, request: reward_pb2.ScoreRequest, context: grpc.ServicerContext
+    ) -> reward_pb2.ScoreResponse:
+        with _Call(self.metrics, "Score", request.domain) as call:
+            batch = call.parse(request, context, self.max_items)
+            verdicts = self.dispatcher.score(batch, is_active=context.is_active, timeout_s=_wait_s(context))
+            call.count(verdicts)
+            return reward_pb2.ScoreResponse(
+                verdicts=[_verdict(i, batch.problems[i].id, v) for i, v in enumerate(verdicts)]
+            )
+
+    def ScoreStream(  # noqa: N802 - gRPC method name
+        self, request: reward_pb2.ScoreRequest, context: grpc.ServicerContext
+    ) -> Iterator[reward_pb2.Verdict]:
+        with _Call(self.metrics, "ScoreStream", request.domain) as call:
+            batch = call.parse(request, context, self.max_items)
+            wait_s = _wait_s(context)
+            for i, verdict in self.dispatcher.stream(batch, is_active=context.is_active, timeout_s=wait_s):
+                call.count([verdict])
+                yield _verdict(i, batch.problems[i].id, verdict)
+
+
+class _Call:
+    """One RPC's metrics: in-flight, latency and outcome, and the request's validation."""
+
+    def __init__(self, metrics: RewardMetrics, method: str, domain: str) -> None:
+        self.metrics = metrics
+        self.method = method
+        self.domain = domain if domain in DOMAINS else "unknown"
+        self.code = grpc.StatusCode.OK
+
+    def __enter__(self) -> _Call:
+        self.start = time.perf_counter()
+        self.metrics.in_flight.labels(self.method).inc()
+        return self
+
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        self.metrics.in_flight.labels(self.method).dec()
+        if isinstance(exc, GeneratorExit):  # a stream whose client went away
+            self.code = grpc.StatusCode.CANCELLED
+        elif exc is not None and self.code == grpc.StatusCode.OK:
+            self.code = grpc.StatusCode.INTERNAL
+            log.error("%s failed", self.method, exc_info=exc)
+        self.metrics.requests.labels(self.method, self.domain, self.code.name).inc()
+        self.metrics.latency.labels(self.method, self.domain).observe(time.perf_counter() - self.start)
+
+    def parse(self, request: reward_pb2.ScoreRequest, context: grpc.ServicerContext, max_items: int) -> Batch:
+        try:
+            return parse_request(request, max_items=max_items)
+        except BadRequest as err:
+            self.code = grpc.StatusCode.INVALID_ARGUMENT
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+            raise AssertionError("context.abort raises") from None
+
+    def count(self, verdicts: list[RewardVerdict]) -> None:
+        for v in verdicts:
+            self.metrics.items.labels(self.domain, v.reason).inc()
+
+
+def _wait_s(context: grpc.ServicerContext) -> float | None:
+    """How long workers may take so that `infra_error` verdicts still beat the client's deadline."""
+    remaining = context.time_remaining()
+    if remaining is None:
+        return None
+    return max(0.05, remaining - min(1.0, 0.2 * remaining))
+
+
+def _verdict(index: int, problem_id: str, v: RewardVerdict) -> reward_pb2.Verdict:
+    return reward_pb2.Verdict(
+        index=index, problem_id=problem_id, reward=v.reward, reason=v.reason, detail=v.detail
+    )
+
+
+def build_server(
+    servicer: RewardServicer, *, address: str, max_workers: int
+) -> tuple[grpc.Server, health.HealthServicer, int]:
+    """The gRPC server with the reward and health services (not started); returns the bound port."""
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="reward-rpc"),
+        options=[
+            ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+            ("grpc.max_send_message_length", 64 * 1024 * 1024),
+        ],
+    )
+    reward_pb2_grpc.add_RewardServiceServicer_to_server(servicer, server)
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    port = server.add_insecure_port(address)
+    if port == 0:
+        raise OSError(f"cannot bind {address}")
+    return server, health_servicer, port
+
+
+def set_serving(health_servicer: health.HealthServicer, serving: bool) -> None:
+    status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+    for name in ("", SERVICE_NAME):
+        health_servicer.set(name, status)
