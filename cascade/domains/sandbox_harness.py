@@ -298,27 +298,11 @@ def _child_main(
     code = 0
     parent = os.getppid()
     try:
-        os.setsid()
-        devnull = os.open(os.devnull, os.O_RDWR)
-        for fd in (0, 1, 2):
-            os.dup2(devnull, fd)
-        os.closerange(3, report_fd)
-        os.closerange(report_fd + 1, 1 << 16)
+        detach(report_fd)
         os.chdir(tmpdir)
         os.environ["HOME"] = os.environ["TMPDIR"] = tmpdir
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # over-size writes fail with EFBIG instead
-        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
         cpu = math.ceil(limits.time_limit_s * max(1, len(job["tests"]))) + 1
-        for which, value in (
-            (resource.RLIMIT_CORE, 0),
-            (resource.RLIMIT_CPU, cpu),
-            (resource.RLIMIT_FSIZE, limits.max_file_bytes),
-            (resource.RLIMIT_NOFILE, max(limits.max_open_files, report_fd + 1)),
-            (resource.RLIMIT_NPROC, limits.max_processes),
-            (resource.RLIMIT_AS, limits.memory_mb * 2**20),
-        ):
-            hard = value + 1 if which == resource.RLIMIT_CPU else value
-            resource.setrlimit(which, (value, hard))
+        apply_limits(limits, report_fd, cpu)
         if uid is not None:
             os.setgroups([])
             os.setgid(uid)
@@ -332,6 +316,31 @@ def _child_main(
 
 
 _PRCTL: Any = None
+
+
+def detach(keep_fd: int) -> None:
+    """New session; fds 0-2 on /dev/null; every other fd but `keep_fd` closed."""
+    os.setsid()
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    os.closerange(3, keep_fd)
+    os.closerange(keep_fd + 1, 1 << 16)
+
+
+def apply_limits(limits: SandboxLimits, highest_fd: int, cpu_seconds: int) -> None:
+    """The program's rlimits (CPU gets a hard limit one second above, so SIGXCPU comes first)."""
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # over-size writes fail with EFBIG instead
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    for which, value in (
+        (resource.RLIMIT_CORE, 0),
+        (resource.RLIMIT_CPU, cpu_seconds),
+        (resource.RLIMIT_FSIZE, limits.max_file_bytes),
+        (resource.RLIMIT_NOFILE, max(limits.max_open_files, highest_fd + 1)),
+        (resource.RLIMIT_NPROC, limits.max_processes),
+        (resource.RLIMIT_AS, limits.memory_mb * 2**20),
+    ):
+        resource.setrlimit(which, (value, value + 1 if which == resource.RLIMIT_CPU else value))
 
 
 def _die_with_parent(parent: int) -> None:

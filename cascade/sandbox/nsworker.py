@@ -23,7 +23,6 @@ import contextlib
 import ctypes
 import json
 import os
-import resource
 import select
 import signal
 import sys
@@ -113,18 +112,6 @@ def _drop_privileges() -> None:
     _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
 
 
-def _set_limits(limits: harness.SandboxLimits, highest_fd: int, cpu: int) -> None:
-    for which, value in (
-        (resource.RLIMIT_CORE, 0),
-        (resource.RLIMIT_CPU, cpu),
-        (resource.RLIMIT_FSIZE, limits.max_file_bytes),
-        (resource.RLIMIT_NOFILE, max(limits.max_open_files, highest_fd + 1)),
-        (resource.RLIMIT_NPROC, limits.max_processes),
-        (resource.RLIMIT_AS, limits.memory_mb * 2**20),
-    ):
-        resource.setrlimit(which, (value, value + 1 if which == resource.RLIMIT_CPU else value))
-
-
 def _child_b(job: dict[str, Any], limits: harness.SandboxLimits, report_fd: int) -> None:
     """First process of the execution's PID namespace: isolate, then judge C's answers. Never returns.
 
@@ -137,20 +124,13 @@ def _child_b(job: dict[str, Any], limits: harness.SandboxLimits, report_fd: int)
         _check(_libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0), "pdeathsig")
         _check(_libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "dumpable")
         _private_mounts()
-        os.setsid()
-        devnull = os.open(os.devnull, os.O_RDWR)
-        for fd in (0, 1, 2):
-            os.dup2(devnull, fd)
-        os.closerange(3, report_fd)
-        os.closerange(report_fd + 1, 1 << 16)
+        harness.detach(report_fd)
         os.chdir("/tmp")
         os.environ.clear()
         os.environ.update({"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/tmp", "TMPDIR": "/tmp"})
         judge.judge(job, limits, report_fd, _start_program)
     except BaseException as err:
-        with contextlib.suppress(BaseException):
-            line = json.dumps({"status": harness.INFRA_ERROR, "passed": 0, "detail": f"sandbox setup: {err}"})
-            os.write(report_fd, line.encode() + b"\n")
+        _report_failure(report_fd, f"sandbox setup: {err}")
         code = 70
     finally:
         os._exit(code)
@@ -158,10 +138,15 @@ def _child_b(job: dict[str, Any], limits: harness.SandboxLimits, report_fd: int)
 
 def _start_program(limits: harness.SandboxLimits, keep_fds: tuple[int, int], cpu_seconds: int) -> None:
     """In C, before the program's code runs: limits, no capabilities, no_new_privs."""
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # over-size writes fail with EFBIG instead
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    _set_limits(limits, max(keep_fds), cpu_seconds)
+    harness.apply_limits(limits, max(keep_fds), cpu_seconds)
     _drop_privileges()
+
+
+def _report_failure(report_fd: int, detail: str) -> None:
+    """The isolation itself failed: an `infra_error` line, never a verdict on the program."""
+    with contextlib.suppress(BaseException):
+        line = json.dumps({"status": harness.INFRA_ERROR, "passed": 0, "detail": detail})
+        os.write(report_fd, line.encode() + b"\n")
 
 
 def _child_a(job: dict[str, Any], limits: harness.SandboxLimits, report_fd: int, uid: int, gid: int) -> None:
@@ -178,9 +163,7 @@ def _child_a(job: dict[str, Any], limits: harness.SandboxLimits, report_fd: int,
         end = {"end": True, "signal": sig, "exit": exit_code, "maxrss_kb": usage.ru_maxrss}
         os.write(report_fd, json.dumps(end).encode() + b"\n")
     except BaseException as err:
-        with contextlib.suppress(BaseException):
-            line = json.dumps({"status": harness.INFRA_ERROR, "passed": 0, "detail": f"namespaces: {err}"})
-            os.write(report_fd, line.encode() + b"\n")
+        _report_failure(report_fd, f"namespaces: {err}")
         code = 70
     finally:
         os._exit(code)

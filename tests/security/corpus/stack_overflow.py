@@ -7,6 +7,6 @@ sys.setrecursionlimit(10**9)
 
 def f(x):
     nested = []
-    for _ in range(10**6):
+    for _ in range(200_000):
         nested = [nested]
     return len(repr(nested))
