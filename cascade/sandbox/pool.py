@@ -24,6 +24,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -101,6 +102,32 @@ def bwrap_argv(settings: BwrapSettings, harness_dir: Path) -> list[str]:
     return argv + [python, "-I", "-S", "-B", "/sandbox/nsworker.py"]
 
 
+class _Spawner:
+    """Starts worker processes from one long-lived thread.
+
+    bwrap's --die-with-parent is PR_SET_PDEATHSIG, which fires when the *thread* that forked
+    it exits: a worker (re)started from a short-lived thread (a batch's driver thread, an RPC
+    handler) would be killed with that thread. This thread lives as long as the process.
+    """
+
+    def __init__(self) -> None:
+        self._executor: ThreadPoolExecutor | None = None
+        self._owner = -1
+        self._lock = threading.Lock()
+
+    def spawn(self, argv: list[str]) -> subprocess.Popen[bytes]:
+        with self._lock:
+            if self._executor is None or self._owner != os.getpid():  # none yet, or we were forked
+                self._executor = ThreadPoolExecutor(1, thread_name_prefix="sandbox-spawner")
+                self._owner = os.getpid()
+            executor = self._executor
+        pipe = subprocess.PIPE
+        return executor.submit(subprocess.Popen, argv, stdin=pipe, stdout=pipe, stderr=pipe, env={}).result()
+
+
+_SPAWNER = _Spawner()
+
+
 class SandboxWorker:
     """One warm worker process; `execute` runs one job on it (callers serialise per worker)."""
 
@@ -121,9 +148,7 @@ class SandboxWorker:
         procs = ",".join(str(d / "cgroup.procs") for d in self._group_dirs())
         uid = self.settings.uid if os.geteuid() == 0 else os.geteuid()
         launcher = [sys.executable, "-I", "-S", "-c", _LAUNCHER, str(uid), procs, *argv]
-        self.proc = subprocess.Popen(
-            launcher, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={}
-        )
+        self.proc = _SPAWNER.spawn(launcher)
         self._buffer = b""
         hello = self._read_line(time.monotonic() + _START_TIMEOUT_S)
         if hello is None or not hello.get("ready"):

@@ -75,3 +75,20 @@ def test_cli_check_fails_for_a_root_sandbox_uid(capsys: pytest.CaptureFixture[st
     assert main(["sandbox", "check", "--uid", "0"]) == 1
     out = capsys.readouterr().out
     assert "FAIL  sandbox uid: root: drops to uid 0" in out and "seccompProfile" in out
+
+
+@needs_bwrap
+def test_pool_started_in_a_thread_survives_the_thread() -> None:
+    """bwrap's --die-with-parent follows the forking *thread*: workers must not die with it."""
+    made: list[SandboxPool] = []
+    starter = threading.Thread(target=lambda: made.append(SandboxPool(1)))
+    starter.start()
+    starter.join()
+    pool = made[0]
+    try:
+        time.sleep(0.3)
+        assert pool.workers[0].proc is not None and pool.workers[0].proc.poll() is None
+        assert pool.run([job("def f(x):\n    return x + 1")])[0]["status"] == "ok"
+        assert pool.workers[0].restarts == 0
+    finally:
+        pool.close()
