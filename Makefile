@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 TINY   := models/tiny
 TINY_FULL := models/tiny-full
 
-.PHONY: install demo demo-full ablation test lint services sandbox clean
+.PHONY: install demo demo-full ablation test lint services sandbox chromium clean
 
 $(STAMP): pyproject.toml $(shell find proto -name '*.proto')
 	$(PYTHON) -m venv $(VENV)
@@ -43,13 +43,21 @@ services:
 sandbox:
 	bash scripts/ensure-sandbox.sh
 
+# Debian's chromium, for the dashboard test in headless Chromium (skipped, with the reason, without it).
+chromium:
+	bash scripts/ensure-chromium.sh
+
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy cascade
+	$(VENV)/bin/mypy services/api
+	$(VENV)/bin/mypy services/rollout services/teacher
 
-test: install services sandbox $(TINY)/config.json
+test: install services sandbox chromium $(TINY)/config.json
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy cascade
+	$(VENV)/bin/mypy services/api
+	$(VENV)/bin/mypy services/rollout services/teacher
 	$(VENV)/bin/pytest -q -p no:cacheprovider
 
 clean:

@@ -51,6 +51,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         return _fail(str(err))
     if args.seed is not None:
         cfg = cfg.model_copy(update={"seed": args.seed})
+    if args.cascade_id is not None and args.db is None:
+        return _fail("--cascade-id needs --db (the control plane's database)")
     if not (cfg.model.path / "config.json").exists():
         return _fail(
             f"{args.config}: model.path: {cfg.model.path} is not a model directory "
@@ -64,6 +66,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from cascade.model.loading import ModelLoadError
     from cascade.progress import RunProgress
     from cascade.report import print_regression_table
+    from cascade.run_store import CascadeMismatch
 
     console = Console(stderr=True)
     progress = RunProgress(enabled=not args.no_progress, console=console)
@@ -78,15 +81,20 @@ def cmd_run(args: argparse.Namespace) -> int:
             log=progress.log,
             progress=progress,
             stop_after_steps=args.stop_after_steps,
+            cascade_id=args.cascade_id,
+            follow=args.follow,
         )
         result = runner.run()
-    except (RunDirError, ModelLoadError) as err:
+    except (RunDirError, ModelLoadError, CascadeMismatch) as err:
         return _fail(str(err))
     except KeyboardInterrupt:
         progress.stop()
         print("interrupted: continue with --resume (from the last checkpoint)", file=sys.stderr)
         return 130
-    if result.stopped_by in ("paused", "aborted", "interrupted"):
+    if result.stopped_by == "aborted":
+        print("run aborted by an operator", file=sys.stderr)
+        return 0
+    if result.stopped_by in ("paused", "interrupted"):
         print(f"run {result.stopped_by}; continue with: cascade run {args.config} --resume", file=sys.stderr)
         return 0
     print_regression_table(result.report_dir)
@@ -100,14 +108,22 @@ def cmd_model_init(args: argparse.Namespace) -> int:
         print(f"{out} already holds a model (use --force to rebuild)")
         return 0
     _quiet_hub_progress()
-    from cascade.model.build import TinyModelSpec, build_tiny_model
+    import dataclasses
 
-    spec = TinyModelSpec(seed=args.seed)
+    from cascade.model.build import REWARD_MODEL_SUBDIR, SPECS, build_tiny_model
+
+    spec = dataclasses.replace(SPECS[args.spec], seed=args.seed)
     if args.max_steps is not None:
-        spec = TinyModelSpec(
-            seed=args.seed, max_steps=args.max_steps, min_steps=min(args.max_steps, spec.min_steps)
-        )
-    result = build_tiny_model(out, spec)
+        cap = args.max_steps
+        spec = dataclasses.replace(spec, max_steps=cap, min_steps=min(cap, spec.min_steps))
+    reward_model = None
+    if "rlhf" in spec.domains:
+        from cascade.model.reward_model import build_tiny_reward_model
+
+        reward_model = out / REWARD_MODEL_SUBDIR
+        if args.force or not (reward_model / "config.json").exists():
+            build_tiny_reward_model(reward_model, seed=args.seed)
+    result = build_tiny_model(out, spec, reward_model=reward_model)
     print(
         f"saved {out} after {result.steps} SFT steps ({result.stopped_by}): "
         + ", ".join(f"{k} {v:.0%}" for k, v in result.final_scores.items())
@@ -125,6 +141,18 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sandbox_check(args: argparse.Namespace) -> int:
+    from cascade.sandbox import preflight
+    from cascade.sandbox.pool import BwrapSettings
+
+    checks = preflight.check(BwrapSettings(uid=args.uid))
+    print(preflight.format_report(checks))
+    if all(c.ok for c in checks if c.required):
+        return 0
+    print(preflight.KUBERNETES_NEEDS)
+    return 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cascade", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -139,6 +167,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, help="override the config's seed")
     p.add_argument("--no-progress", action="store_true", help="plain log lines instead of progress bars")
     p.add_argument("--stop-after-steps", type=int, help="checkpoint and stop after N steps (resume later)")
+    p.add_argument("--cascade-id", type=int, help="run a cascade created through the control plane (in --db)")
+    p.add_argument(
+        "--follow", action="store_true", help="when paused by an operator, wait for resume or abort"
+    )
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("validate", help="validate cascade configs")
@@ -149,6 +181,13 @@ def build_parser() -> argparse.ArgumentParser:
     msub = p.add_subparsers(dest="model_command", required=True)
     m = msub.add_parser("init", help="train the tiny tokenizer + model locally")
     m.add_argument("--out", default="models/tiny")
+    m.add_argument(
+        "--spec",
+        choices=("tiny", "full"),
+        default="tiny",
+        help="tiny: math, code, if (the demo's model); full: rlhf, if, math, code, swe, plus the tiny "
+        "reward model rlhf needs, in <out>/reward_model",
+    )
     m.add_argument("--seed", type=int, default=0)
     m.add_argument("--force", action="store_true")
     m.add_argument("--max-steps", type=int, help="cap SFT steps (tests build a quick, weaker model)")
@@ -157,6 +196,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="print a finished run's regression table")
     p.add_argument("run_dir")
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("sandbox", help="the code sandbox")
+    ssub = p.add_subparsers(dest="sandbox_command", required=True)
+    s = ssub.add_parser("check", help="check what the bubblewrap sandbox needs from this host")
+    s.add_argument("--uid", type=int, default=61000, help="sandbox uid when running as root")
+    s.set_defaults(func=cmd_sandbox_check)
+    from cascade import cli_api
+
+    cli_api.add_parsers(sub)
     return parser
 
 

@@ -399,6 +399,19 @@ def parse_domain_config(data: object, source: str = "domain") -> DomainConfig:
         raise ConfigError(_format_validation_error(err, source)) from None
 
 
+def parse_cascade_yaml(text: str, source: str = "config") -> CascadeConfig:
+    """A cascade from YAML text (the control plane receives configs this way): a key given
+    twice is an error, as is anything the models refuse."""
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError(f"{source}: invalid YAML: {where}{problem}") from None
+    return parse_cascade_config(data, source)
+
+
 def load_cascade_config(path: str | Path) -> CascadeConfig:
     path = Path(path)
     try:
@@ -407,14 +420,7 @@ def load_cascade_config(path: str | Path) -> CascadeConfig:
         raise ConfigError(f"{path}: cannot read: {err.strerror or err}") from None
     except UnicodeDecodeError as err:
         raise ConfigError(f"{path}: not UTF-8 text (byte {err.start})") from None
-    try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise ConfigError(f"{path}: invalid YAML: {where}{problem}") from None
-    config = parse_cascade_config(data, str(path))
+    config = parse_cascade_yaml(text, str(path))
     if not config.model.path.is_absolute():
         base = path.parent
         # Relative model paths are relative to the working directory if they exist there,

@@ -74,8 +74,17 @@ class EmbeddedRunner:
         log: Callable[[str], None] = print,
         progress: RunProgress | None = None,
         stop_after_steps: int | None = None,
+        cascade_id: int | None = None,
+        follow: bool = False,
+        poll_s: float = 1.0,
     ) -> None:
+        """`cascade_id`: run a cascade the control plane created in the `db_url` database (its
+        stages must match the config's). `follow`: when an operator pauses a stage, stay up and
+        continue when it is resumed (polling every `poll_s`) instead of exiting."""
         self.cfg = config
+        self.cascade_id = cascade_id
+        self.follow = follow
+        self.poll_s = poll_s
         self.run_dir = run_dir
         self.distill = distill
         self.log = log
@@ -150,7 +159,9 @@ class EmbeddedRunner:
             )
         else:
             self.policy = load_policy(self.cfg.model.path, self.cfg.model.dtype)
-            self.state.store_ids = self.store.begin(self.cfg, run_dir=self.run_dir, distill=self.distill)
+            self.state.store_ids = self.store.begin(
+                self.cfg, run_dir=self.run_dir, distill=self.distill, cascade_id=self.cascade_id
+            )
         (self.run_dir / "run.json").write_text(
             json.dumps({"config": self.cfg.model_dump(mode="json"), "distill": self.distill}, indent=1)
         )
@@ -179,6 +190,7 @@ class EmbeddedRunner:
                 self.resume_from = None
             if resuming and self.state.stage_started:
                 tracker.load_state_dict(self.state.tracker)
+                self.store.stage_started(i)  # a stage paused by an operator runs again
             else:
                 self.state.stage_started = True
                 self.store.stage_started(i)
@@ -196,6 +208,12 @@ class EmbeddedRunner:
                     self._checkpoint(optimizer, tracker)
                     self.store.acknowledge(i, command)
                     self.log(f"stage '{stage.label}' {command} by operator at step {self.state.stage_step}")
+                    if command == "paused" and self.follow:
+                        command = self.store.wait_while_paused(i, self.poll_s)
+                        if command == "running":
+                            self.log(f"stage '{stage.label}' resumed by operator")
+                            continue
+                        self.store.acknowledge(i, command)
                     return self._finish(command, write_report=False)
                 if command == "completed":
                     stopped_by = "operator"

@@ -7,33 +7,60 @@ SQLite file or the control plane's Postgres.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from cascade.config import CascadeConfig
 from cascade.evaluation import DomainEval
 from cascade.store import db, repo
-from cascade.store.models import Stage
+from cascade.store.lifecycle import get_row
+from cascade.store.models import Cascade, Stage
 
 ACTOR = "runner"
+
+
+class CascadeMismatch(ValueError):
+    """The config's stages are not the stages of the cascade the runner was asked to run."""
+
+
+def _existing_cascade(s: Session, cascade_id: int, cfg: CascadeConfig) -> tuple[Cascade, list[Stage]]:
+    cascade = get_row(s, Cascade, cascade_id)
+    stages = repo.list_stages(s, cascade_id=cascade_id)
+    want = [(st.label, st.domain) for st in cfg.stages]
+    have = [(st.name, st.domain) for st in stages]
+    if want != have:
+        raise CascadeMismatch(f"cascade {cascade_id} has stages {have}, the config has {want}")
+    if cascade.status in ("completed", "failed", "aborted"):
+        raise CascadeMismatch(f"cascade {cascade_id} is {cascade.status}")
+    return cascade, stages
 
 
 class RunStore:
     def __init__(self, url: str) -> None:
         self.engine = db.make_engine(url)
-        db.create_all(self.engine)
+        db.prepare_schema(self.engine)
         self.cascade_id: int | None = None
         self.run_id: int | None = None
         self.stage_ids: list[int] = []
 
     # ------------------------------------------------------------------ identity
 
-    def begin(self, cfg: CascadeConfig, *, run_dir: Path, distill: bool) -> dict[str, Any]:
+    def begin(
+        self, cfg: CascadeConfig, *, run_dir: Path, distill: bool, cascade_id: int | None = None
+    ) -> dict[str, Any]:
+        """Create the run's rows; with `cascade_id`, run a cascade the control plane created."""
         with db.session_scope(self.engine) as s:
-            cascade = repo.create_cascade(s, name=cfg.name, config=cfg.model_dump(mode="json"))
-            stages = repo.create_stages(
-                s, cascade_id=cascade.id, stages=[(st.label, st.domain) for st in cfg.stages]
-            )
+            if cascade_id is None:
+                cascade = repo.create_cascade(s, name=cfg.name, config=cfg.model_dump(mode="json"))
+                stages = repo.create_stages(
+                    s, cascade_id=cascade.id, stages=[(st.label, st.domain) for st in cfg.stages]
+                )
+            else:
+                cascade, stages = _existing_cascade(s, cascade_id, cfg)
             run = repo.start_run(
                 s, cascade_id=cascade.id, seed=cfg.seed, distill=distill, output_dir=str(run_dir), actor=ACTOR
             )
@@ -61,8 +88,25 @@ class RunStore:
                 repo.transition_stage(s, stage_id=stage.id, to_state="running", actor=ACTOR)
 
     def desired_state(self, index: int) -> str | None:
+        """The operator's request for the stage; `aborted` too when the control plane aborted
+        the stage itself (it does so for paused and pending stages)."""
         with db.session_scope(self.engine) as s:
-            return repo.requested_state(s, stage_id=self.stage_ids[index])
+            row = s.execute(
+                select(Stage.state, Stage.desired_state).where(Stage.id == self.stage_ids[index])
+            ).one()
+            return "aborted" if row.state == "aborted" else row.desired_state
+
+    def wait_while_paused(self, index: int, poll_s: float) -> str:
+        """Block until an operator resumes the paused stage (returns `running`, after moving it
+        back to running) or aborts it (returns `aborted`)."""
+        while True:
+            command = self.desired_state(index)
+            if command == "aborted":
+                return command
+            if command == "running":
+                self.stage_started(index)
+                return command
+            time.sleep(poll_s)
 
     def acknowledge(self, index: int, state: str) -> None:
         """Apply an operator's pause or abort at this step boundary."""

@@ -75,3 +75,53 @@ def torch_one_thread() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoints(random_tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Variants of the random tiny model for weight updates and teachers (never written to):
+
+    - `base`: the random tiny model itself; `perturbed1`, `perturbed2`: its weights plus noise
+      (loadable model directories: several "teachers", or "new policy weights");
+    - refused updates: `truncated` (model.safetensors cut in half), `garbage` (not safetensors),
+      `wrong_shape` (a smaller MLP, same config), `wrong_config` (config says 5 layers),
+      `nan` (one tensor NaN), `missing` (a layer's tensor left out), `empty` (no weights file).
+    """
+    import json
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    root = tmp_path_factory.mktemp("tiny-checkpoints")
+    base = random_tiny_model
+    weights = load_file(str(base / "model.safetensors"))
+
+    def variant(name: str, tensors: dict[str, torch.Tensor] | None, config: dict | None = None) -> Path:
+        out = root / name
+        shutil.copytree(base, out)
+        if tensors is not None:
+            save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+        if config is not None:
+            (out / "config.json").write_text(json.dumps(config))
+        return out
+
+    gen = torch.Generator().manual_seed(1)
+    out: dict[str, Path] = {"base": base}
+    for k in (1, 2):
+        noisy = {n: t + 0.05 * k * torch.randn(t.shape, generator=gen) for n, t in weights.items()}
+        out[f"perturbed{k}"] = variant(f"perturbed{k}", noisy)
+    out["truncated"] = variant("truncated", None)
+    blob = (base / "model.safetensors").read_bytes()
+    (out["truncated"] / "model.safetensors").write_bytes(blob[: len(blob) // 2])
+    out["garbage"] = variant("garbage", None)
+    (out["garbage"] / "model.safetensors").write_bytes(b"not a safetensors file" * 100)
+    mlp = next(n for n in weights if n.endswith("mlp.up_proj.weight"))
+    out["wrong_shape"] = variant("wrong_shape", {**weights, mlp: weights[mlp][:-8].clone()})
+    config = json.loads((base / "config.json").read_text())
+    out["wrong_config"] = variant("wrong_config", None, {**config, "num_hidden_layers": 5})
+    out["nan"] = variant("nan", {**weights, mlp: torch.full_like(weights[mlp], float("nan"))})
+    out["missing"] = variant("missing", {n: t for n, t in weights.items() if n != mlp})
+    out["empty"] = variant("empty", None)
+    (out["empty"] / "model.safetensors").unlink()
+    return out

@@ -2,5 +2,6 @@
 
 One schema serves the embedded runner (SQLite file per run), the control plane and the
 distributed learner (Postgres, migrated by Alembic), so a row means the same thing everywhere.
-Import the submodules you need (`models`, `db`, `repo`, `history`); this package imports nothing.
+Import the submodules you need (`models`, `db`, `repo`, `history`, `control` for operator
+commands, `migrate` for Alembic); this package imports nothing.
 """

@@ -71,6 +71,19 @@ def create_all(engine: Engine) -> None:
     Base.metadata.create_all(engine)
 
 
+def prepare_schema(engine: Engine) -> None:
+    """Make the schema current: `create_all` for a SQLite file (a run's own database, made and
+    read by one version of the code), Alembic `upgrade head` for anything shared (Postgres), so
+    a runner and the control plane can meet on one database in either order.
+    """
+    if engine.dialect.name == "sqlite":
+        create_all(engine)
+        return
+    from cascade.store import migrate
+
+    migrate.upgrade(engine)
+
+
 @contextmanager
 def session_scope(engine: Engine) -> Iterator[Session]:
     """One unit of work: commit on success, roll back on any exception, always close.

@@ -14,10 +14,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from cascade.store.history import json_safe
 from cascade.store.models import (
+    ACTIVE_STAGE_STATES,
     CASCADE_STATUSES,
     RUN_KINDS,
     RUN_STATUSES,
@@ -50,6 +52,15 @@ class IllegalTransition(Exception):
         super().__init__(f"illegal transition {current} -> {requested}")
         self.current = current
         self.requested = requested
+
+
+class StageBusy(IllegalTransition):
+    """Another stage of the same cascade is running or paused (one active stage per cascade)."""
+
+    def __init__(self, current: str, requested: str, *, active: str) -> None:
+        super().__init__(current, requested)
+        self.active = active
+        self.args = (f"cannot start this stage: {active}",)
 
 
 class NotFound(LookupError):
@@ -175,6 +186,8 @@ def transition_stage(
         return stage
     if to_state not in ALLOWED_TRANSITIONS[current]:
         raise IllegalTransition(current, to_state)
+    if current == "pending" and to_state == "running":
+        _check_no_active_sibling(session, stage)
     now = utcnow()
     if to_state == "running" and stage.started_at is None:
         stage.started_at = now
@@ -193,8 +206,27 @@ def transition_stage(
         to_state=to_state,
         detail=detail,
     )
-    session.flush()
+    try:
+        session.flush()
+    except IntegrityError as err:
+        # The partial unique index caught a concurrent start that the check above could not see
+        # (its row was not committed yet). The session must be rolled back by the caller.
+        if "uq_stages_one_active" not in str(err.orig):
+            raise
+        raise StageBusy(current, to_state, active="another stage was started concurrently") from None
     return stage
+
+
+def _check_no_active_sibling(session: Session, stage: Stage) -> None:
+    active = session.scalars(
+        select(Stage).where(
+            Stage.cascade_id == stage.cascade_id,
+            Stage.id != stage.id,
+            Stage.state.in_(ACTIVE_STAGE_STATES),
+        )
+    ).first()
+    if active is not None:
+        raise StageBusy(stage.state, "running", active=f"stage {active.name!r} is {active.state}")
 
 
 def request_stage_state(

@@ -251,6 +251,19 @@ Index(
 )
 
 
+# At most one active (running or paused) stage per cascade: a cascade's stages run one after the
+# other. The database enforces it, so two concurrent starts cannot both leave a stage running,
+# whatever the callers checked beforehand.
+ACTIVE_STAGE_STATES = ("running", "paused")
+Index(
+    "uq_stages_one_active",
+    Stage.cascade_id,
+    unique=True,
+    sqlite_where=Stage.__table__.c.state.in_(ACTIVE_STAGE_STATES),
+    postgresql_where=Stage.__table__.c.state.in_(ACTIVE_STAGE_STATES),
+)
+
+
 @event.listens_for(Event, "before_update")
 def _events_are_append_only(mapper: Any, connection: Any, target: Event) -> None:
     raise RuntimeError(f"events are append-only: refusing to update event {target.id}")

@@ -1,0 +1,1 @@
+"""The control plane: REST over `cascade.store` (Postgres) and the live dashboard."""

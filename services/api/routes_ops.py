@@ -1,0 +1,39 @@
+"""Operational routes: /health, Prometheus /metrics, and the dashboard's page and assets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import FileResponse, JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sqlalchemy.exc import SQLAlchemyError
+
+from services.api import queries, schemas
+from services.api.deps import EngineDep, unit_of_work
+
+STATIC = Path(__file__).with_name("static")
+router = APIRouter()
+
+
+@router.get(
+    "/health", response_model=schemas.HealthOut, tags=["ops"], responses={503: {"model": schemas.HealthOut}}
+)
+def health(engine: EngineDep) -> schemas.HealthOut | JSONResponse:
+    try:
+        with unit_of_work(engine) as s:
+            revision = queries.schema_revision(s)
+    except SQLAlchemyError:
+        body = schemas.HealthOut(status="degraded", database="unreachable", schema_revision=None)
+        return JSONResponse(body.model_dump(), status_code=503)
+    return schemas.HealthOut(status="ok", database="ok", schema_revision=revision)
+
+
+@router.get("/metrics", include_in_schema=False)
+def metrics(request: Request) -> Response:
+    return Response(generate_latest(request.app.state.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/", include_in_schema=False)
+def dashboard() -> FileResponse:
+    return FileResponse(STATIC / "index.html", media_type="text/html")

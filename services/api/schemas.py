@@ -1,0 +1,166 @@
+"""The API's response bodies: what the OpenAPI document promises and schemathesis checks."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+
+class ErrorOut(BaseModel):
+    detail: str
+
+
+class ConfigErrorOut(BaseModel):
+    detail: str
+    """One line naming the field, as `cascade validate` prints it."""
+    field: str | None = None
+
+
+class ConflictOut(BaseModel):
+    detail: str
+    current_state: str
+    """The stage's (or cascade's) state when the move was refused."""
+    requested_state: str
+
+
+class StageOut(BaseModel):
+    id: int
+    cascade_id: int
+    index: int
+    name: str
+    domain: str
+    state: str
+    desired_state: str | None
+    """An operator's request the runner has not applied yet (e.g. `paused`)."""
+    steps_done: int
+    max_steps: int | None
+    started_at: datetime | None
+    ended_at: datetime | None
+
+
+class RunOut(BaseModel):
+    id: int
+    kind: str
+    seed: int
+    distill: bool
+    status: str
+    started_at: datetime
+    ended_at: datetime | None
+    output_dir: str
+
+
+class CascadeSummary(BaseModel):
+    id: int
+    name: str
+    status: str
+    created_at: datetime
+    stages: int
+    active_stage: str | None
+    """The running or paused stage's name, if any."""
+
+
+class CascadeOut(BaseModel):
+    id: int
+    name: str
+    status: str
+    created_at: datetime
+    config: dict[str, Any]
+    stages: list[StageOut]
+    runs: list[RunOut]
+
+
+class CommandOut(BaseModel):
+    stage: StageOut
+    changed: bool
+    """False when the command was already in effect (repeated requests are no-ops)."""
+
+
+class AbortOut(BaseModel):
+    cascade: CascadeSummary
+    changed: bool
+
+
+class StepOut(BaseModel):
+    stage_index: int
+    step: int
+    global_step: int
+    metrics: dict[str, Any]
+
+
+class MetricsOut(BaseModel):
+    run_id: int | None
+    steps: list[StepOut]
+
+
+class EvalOut(BaseModel):
+    stage_index: int
+    step: int
+    global_step: int
+    domain: str
+    score: float
+    n: int
+    reasons: dict[str, int]
+
+
+class EvalsOut(BaseModel):
+    run_id: int | None
+    evals: list[EvalOut]
+
+
+class CheckpointOut(BaseModel):
+    id: int
+    run_id: int
+    stage_id: int
+    step: int
+    global_step: int
+    path: str
+    kind: str
+    domain: str | None
+    score: float | None
+    is_teacher: bool
+    created_at: datetime
+
+
+class RegressionRowOut(BaseModel):
+    domain: str
+    start: float | None
+    after: dict[str, float | None]
+    """Stage name -> the domain's last eval in that stage."""
+    best: float | None
+    best_global_step: int | None
+    final: float | None
+    final_minus_best: float | None
+
+
+class RegressionOut(BaseModel):
+    run_id: int | None
+    units: str = "fraction"
+    stages: list[str]
+    rows: list[RegressionRowOut]
+
+
+class ReasonsOut(BaseModel):
+    run_id: int | None
+    training: dict[str, dict[str, int]] = Field(default_factory=dict)
+    """Stage name -> verdict reason -> count, over the stage's training rollouts."""
+    eval: dict[str, dict[str, int]] = Field(default_factory=dict)
+    """Domain -> reason -> count at the domain's latest eval."""
+
+
+class EventOut(BaseModel):
+    id: int
+    stage_id: int | None
+    at: datetime
+    kind: str
+    from_state: str | None
+    to_state: str | None
+    actor: str
+    detail: dict[str, Any]
+
+
+class HealthOut(BaseModel):
+    status: str
+    database: str
+    schema_revision: str | None

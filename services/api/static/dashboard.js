@@ -1,0 +1,275 @@
+// The control plane's dashboard: plain JS over the public REST API, redrawn every 2 s.
+// No external libraries or fonts (the page must work with no network but the API's).
+"use strict";
+
+const POLL_MS = 2000;
+const SVG_NS = "http://www.w3.org/2000/svg";
+const PALETTE = ["#2f6fed", "#e4572e", "#12a150", "#f2a600", "#7a2e8e", "#17becf", "#8c564b", "#e377c2"];
+const OK_REASONS = new Set(["ok", "correct", "pass", "passed", "all_pass"]);
+let selected = null;
+let timer = null;
+
+function el(tag, attrs = {}, text = null) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, v);
+  if (text !== null) node.textContent = text;
+  return node;
+}
+
+function svg(tag, attrs = {}, text = null) {
+  const node = document.createElementNS(SVG_NS, tag);
+  for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, String(v));
+  if (text !== null) node.textContent = text;
+  return node;
+}
+
+function pct(v) { return v === null || v === undefined ? "–" : (100 * v).toFixed(1) + "%"; }
+
+function colorFor(name, i) {
+  if (OK_REASONS.has(name)) return "#12a150";
+  let h = 0;
+  for (const c of name) h = (h * 31 + c.charCodeAt(0)) >>> 0;
+  return PALETTE[(i !== undefined ? i : h) % PALETTE.length];
+}
+
+async function api(path) {
+  const resp = await fetch(path, { headers: { Accept: "application/json" } });
+  if (!resp.ok) throw new Error(`${path}: HTTP ${resp.status}`);
+  return resp.json();
+}
+
+function showError(message) {
+  const box = document.getElementById("error");
+  box.hidden = false;
+  box.textContent = message;
+  document.body.dataset.state = "error";
+}
+
+// ------------------------------------------------------------------ stage spans
+
+function stageSpans(detail, evals) {
+  // Each stage's [start, end) on the global-step axis: from its evals when it has any
+  // (global_step - step is the stage's step 0), else right after the previous stage.
+  const spans = [];
+  let cursor = 0;
+  for (const st of detail.stages) {
+    const mine = evals.filter((e) => e.stage_index === st.index);
+    const start = mine.length ? Math.min(...mine.map((e) => e.global_step - e.step)) : cursor;
+    const planned = st.max_steps || st.steps_done || 1;
+    const length = st.state === "pending" ? planned : Math.max(st.steps_done, 0);
+    const span = { stage: st, start, end: start + length, planned: start + Math.max(planned, length) };
+    spans.push(span);
+    cursor = st.state === "pending" || st.state === "running" || st.state === "paused" ? span.planned : span.end;
+  }
+  return spans;
+}
+
+function renderTimeline(detail, spans) {
+  const root = document.getElementById("timeline");
+  root.replaceChildren();
+  const W = 1000, H = 64, pad = 10;
+  const maxX = Math.max(1, ...spans.map((s) => s.planned));
+  const x = (g) => pad + ((W - 2 * pad) * g) / maxX;
+  const chart = svg("svg", { viewBox: `0 0 ${W} ${H}`, width: "100%", role: "img", "aria-label": "stages" });
+  for (const s of spans) {
+    const st = s.stage;
+    chart.append(svg("rect", {
+      x: x(s.start), y: 14, width: Math.max(2, x(s.planned) - x(s.start)), height: 26,
+      fill: "none", stroke: "#c8cdd8", "stroke-dasharray": "4 3",
+    }));
+    if (s.end > s.start || st.state !== "pending") {
+      chart.append(svg("rect", {
+        class: `stage state-${st.state}`, "data-stage": st.name,
+        x: x(s.start), y: 14, width: Math.max(2, x(s.end) - x(s.start)), height: 26, rx: 3,
+      }));
+    }
+    const want = st.desired_state ? ` → ${st.desired_state} requested` : "";
+    const steps = st.max_steps ? `${st.steps_done}/${st.max_steps}` : `${st.steps_done}`;
+    chart.append(svg("text", { x: x(s.start) + 4, y: 10 }, `${st.name} (${st.domain})`));
+    chart.append(svg("text", { x: x(s.start) + 4, y: 54 }, `${st.state} · ${steps} steps${want}`));
+  }
+  root.append(chart);
+}
+
+// ------------------------------------------------------------------ eval curves
+
+function renderCurves(detail, evals, spans) {
+  const root = document.getElementById("curves");
+  root.replaceChildren();
+  const domains = [...new Set([
+    ...(detail.config.domains || []).map((d) => d.name), ...evals.map((e) => e.domain),
+  ])];
+  const W = 380, H = 190, L = 36, R = 10, T = 18, B = 22;
+  const maxX = Math.max(1, ...spans.map((s) => s.planned), ...evals.map((e) => e.global_step));
+  const x = (g) => L + ((W - L - R) * g) / maxX;
+  const y = (v) => T + (H - T - B) * (1 - v);
+  domains.forEach((domain, i) => {
+    const pts = evals.filter((e) => e.domain === domain).sort((a, b) => a.global_step - b.global_step);
+    const chart = svg("svg", {
+      viewBox: `0 0 ${W} ${H}`, width: "100%", class: "curve", "data-domain": domain, role: "img",
+    });
+    chart.append(svg("text", { x: L, y: 12, "font-weight": "600" }, domain));
+    for (const v of [0, 0.5, 1]) {
+      chart.append(svg("line", { x1: L, x2: W - R, y1: y(v), y2: y(v), stroke: "#eceef2" }));
+      chart.append(svg("text", { x: 4, y: y(v) + 4 }, `${v * 100}%`));
+    }
+    for (const s of spans) {
+      const own = s.stage.domain === domain;
+      if (own) chart.append(svg("rect", {
+        x: x(s.start), y: T, width: Math.max(0, x(s.end) - x(s.start)), height: H - T - B, fill: "#eef3fe",
+      }));
+      chart.append(svg("line", {
+        x1: x(s.start), x2: x(s.start), y1: T, y2: H - B, stroke: "#9aa3b5", "stroke-dasharray": "3 3",
+      }));
+      chart.append(svg("text", { x: x(s.start) + 3, y: H - 6 }, s.stage.name));
+    }
+    if (pts.length) {
+      const color = colorFor(domain, i);
+      chart.append(svg("polyline", {
+        fill: "none", stroke: color, "stroke-width": 2,
+        points: pts.map((p) => `${x(p.global_step).toFixed(1)},${y(p.score).toFixed(1)}`).join(" "),
+      }));
+      for (const p of pts) chart.append(svg("circle", { cx: x(p.global_step), cy: y(p.score), r: 2.5, fill: color }));
+      const last = pts[pts.length - 1];
+      chart.append(svg("text", { x: W - R - 60, y: 12 }, `last ${pct(last.score)}`));
+    } else {
+      chart.append(svg("text", { x: L + 10, y: H / 2 }, "no evals yet"));
+    }
+    root.append(chart);
+  });
+}
+
+// ------------------------------------------------------------------ tables
+
+function renderRegression(table) {
+  const root = document.getElementById("regression");
+  root.replaceChildren();
+  if (!table.rows.length) { root.append(el("p", { class: "muted" }, "no evals yet")); return; }
+  const t = el("table", { id: "regression-table" });
+  const head = el("tr");
+  for (const c of ["domain", "start", ...table.stages.map((s) => `after ${s}`), "best", "final − best"]) {
+    head.append(el("th", {}, c));
+  }
+  t.append(head);
+  for (const r of table.rows) {
+    const tr = el("tr", { "data-domain": r.domain });
+    tr.append(el("td", {}, r.domain), el("td", {}, pct(r.start)));
+    for (const s of table.stages) tr.append(el("td", {}, pct(r.after[s])));
+    tr.append(el("td", {}, pct(r.best)));
+    const d = r.final_minus_best;
+    const cls = d === null ? "" : d < -0.02 ? "bad" : "good";
+    tr.append(el("td", { class: cls }, d === null ? "–" : `${(100 * d).toFixed(1)} pp`));
+    t.append(tr);
+  }
+  root.append(t);
+}
+
+function reasonBar(title, counts) {
+  const wrap = el("div", { class: "reasons", "data-title": title });
+  const total = Object.values(counts).reduce((a, b) => a + b, 0);
+  wrap.append(el("div", {}, `${title} `), el("span", { class: "muted" }, `${total} verdicts`));
+  const bar = el("div", { class: "reason-bar" });
+  const legend = el("div", { class: "legend" });
+  const entries = Object.entries(counts).sort((a, b) => b[1] - a[1]);
+  for (const [reason, n] of entries) {
+    const part = el("div", { title: `${reason}: ${n}` });
+    part.style.width = `${total ? (100 * n) / total : 0}%`;
+    part.style.background = colorFor(reason);
+    bar.append(part);
+    const item = el("span");
+    const sw = el("i");
+    sw.style.background = colorFor(reason);
+    item.append(sw, `${reason} ${n}`);
+    legend.append(item);
+  }
+  wrap.append(bar, legend);
+  return wrap;
+}
+
+function renderReasons(reasons) {
+  const root = document.getElementById("reasons");
+  root.replaceChildren();
+  const training = Object.entries(reasons.training || {});
+  const evals = Object.entries(reasons.eval || {});
+  if (!training.length && !evals.length) { root.append(el("p", { class: "muted" }, "no rollouts yet")); return; }
+  for (const [stage, counts] of training) root.append(reasonBar(`training · ${stage}`, counts));
+  for (const [domain, counts] of evals) root.append(reasonBar(`latest eval · ${domain}`, counts));
+}
+
+function eventText(e, stageNames) {
+  const where = e.stage_id !== null && stageNames[e.stage_id] ? `${stageNames[e.stage_id]}: ` : "";
+  const d = e.detail || {};
+  if (e.kind === "teacher") {
+    return `${where}teacher for ${d.domain} = checkpoint at step ${d.global_step} (${pct(d.score)})`;
+  }
+  const move = e.from_state || e.to_state ? ` ${e.from_state || ""} → ${e.to_state || ""}` : "";
+  const why = d.command ? ` (${d.command})` : d.stopped_by ? ` (${d.stopped_by})` : "";
+  return `${where}${e.kind}${move}${why}`;
+}
+
+function renderEvents(events, detail) {
+  const root = document.getElementById("events");
+  root.replaceChildren();
+  const stageNames = Object.fromEntries(detail.stages.map((s) => [s.id, s.name]));
+  for (const e of [...events].reverse().slice(0, 30)) {
+    const when = new Date(e.at).toLocaleTimeString();
+    const li = el("li", {}, `${when} ${eventText(e, stageNames)} `);
+    li.append(el("span", { class: "actor" }, `by ${e.actor}`));
+    root.append(li);
+  }
+}
+
+// ------------------------------------------------------------------ main loop
+
+async function loadCascades() {
+  const list = await api("/api/cascades");
+  const select = document.getElementById("cascade-select");
+  const wanted = new URLSearchParams(location.search).get("cascade");
+  select.replaceChildren(...list.map((c) => el("option", { value: c.id }, `#${c.id} ${c.name} (${c.status})`)));
+  if (selected === null) selected = wanted ? Number(wanted) : list.length ? list[0].id : null;
+  if (selected !== null) select.value = String(selected);
+  return list;
+}
+
+async function refresh() {
+  try {
+    await loadCascades();
+    if (selected === null) {
+      document.getElementById("status").textContent = "no cascades yet";
+      document.body.dataset.state = "ready";
+      return;
+    }
+    const base = `/api/cascades/${selected}`;
+    const [detail, evals, table, reasons, events] = await Promise.all([
+      api(base), api(`${base}/evals`), api(`${base}/regression`), api(`${base}/reasons`), api(`${base}/events`),
+    ]);
+    const spans = stageSpans(detail, evals.evals);
+    renderTimeline(detail, spans);
+    renderCurves(detail, evals.evals, spans);
+    renderRegression(table);
+    renderReasons(reasons);
+    renderEvents(events, detail);
+    const run = detail.runs.length ? detail.runs[detail.runs.length - 1] : null;
+    document.getElementById("run-info").textContent = run
+      ? `run #${run.id} (${run.kind}, seed ${run.seed}, ${run.distill ? "distillation" : "no distillation"}, ${run.status})`
+      : "no run yet";
+    const live = detail.stages.some((s) => s.state === "running" || s.state === "paused");
+    document.getElementById("live").hidden = !live;
+    document.getElementById("status").textContent =
+      `${detail.name}: ${detail.status} · updated ${new Date().toLocaleTimeString()}`;
+    document.getElementById("error").hidden = true;
+    document.body.dataset.state = "ready";
+    document.body.dataset.cascade = String(detail.id);
+  } catch (err) {
+    showError(`cannot load the dashboard: ${err.message}`);
+  }
+}
+
+window.addEventListener("error", (ev) => showError(`script error: ${ev.message}`));
+document.getElementById("cascade-select").addEventListener("change", (ev) => {
+  selected = Number(ev.target.value);
+  history.replaceState(null, "", `?cascade=${selected}`);
+  refresh();
+});
+refresh();
+timer = setInterval(refresh, POLL_MS);

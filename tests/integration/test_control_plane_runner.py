@@ -1,0 +1,220 @@
+"""The control plane steering a real embedded runner on the random tiny model, over Postgres.
+
+The database is the coordination point: the API writes what an operator asks, and
+`cascade run --db postgresql://... --cascade-id N` reads it at every step boundary. Checked:
+pause lands at a step boundary right after a checkpoint, nothing trains while paused, resume
+continues from there (in the same process with --follow, or from the checkpoint with --resume),
+advance ends a stage early, abort stops the run, and the step rows stay contiguous throughout.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from api_procs import REPO, WRITE_TOKEN, ApiServer, fresh_schema, running_api
+
+pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread(torch_one_thread: None) -> Iterator[None]:
+    yield
+
+
+def runner_config(model: Path, out: Path, max_steps: tuple[int, int]) -> dict[str, Any]:
+    grpo = {"group_size": 4, "prompts_per_step": 4, "budget": {"max_new_tokens": 8}}
+    prompts = {"kind": "synthetic", "seed": 0, "n_train": 32, "n_eval": 8}
+    return {
+        "name": "steered",
+        "seed": 0,
+        "model": {"path": str(model)},
+        "domains": [{"name": "if", "prompts": prompts}, {"name": "math", "prompts": prompts}],
+        "stages": [
+            # No distillation: its teacher load and extra rollouts would only slow the plumbing down.
+            {
+                "domain": d,
+                "grpo": grpo,
+                "advance": {"max_steps": n},
+                "eval": {"every": 1000},
+                "distill": {"enabled": False},
+            }
+            for d, n in zip(("if", "math"), max_steps, strict=True)
+        ],
+        "checkpoint": {"every": 1000, "keep_last": 2},
+        "output_dir": str(out),
+    }
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout_s: float = 120, proc: Any = None) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"runner exited ({proc.returncode}) while waiting for {what}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no {what} within {timeout_s}s")
+        time.sleep(0.1)
+
+
+def stages(api: ApiServer, cascade_id: int) -> list[dict[str, Any]]:
+    return api.call("GET", f"/api/cascades/{cascade_id}")[1]["stages"]
+
+
+def command(api: ApiServer, stage_id: int, name: str) -> dict[str, Any]:
+    status, out = api.call("POST", f"/api/stages/{stage_id}/{name}", token=WRITE_TOKEN)
+    assert status == 200, out
+    return out
+
+
+def step_rows(api: ApiServer, cascade_id: int) -> list[tuple[int, int, int]]:
+    steps = api.call("GET", f"/api/cascades/{cascade_id}/metrics")[1]["steps"]
+    return [(s["stage_index"], s["step"], s["global_step"]) for s in steps]
+
+
+def assert_contiguous(rows: list[tuple[int, int, int]]) -> None:
+    assert [g for _, _, g in rows] == list(range(1, len(rows) + 1))
+    for stage in {s for s, _, _ in rows}:
+        mine = [st for s, st, _ in rows if s == stage]
+        assert mine == list(range(1, len(mine) + 1))
+
+
+@pytest.fixture
+def plane(tmp_path: Path) -> Iterator[tuple[ApiServer, str]]:
+    with fresh_schema() as url, running_api(url, tmp_path) as api:
+        yield api, url
+
+
+def create(api: ApiServer, cfg: dict[str, Any], path: Path) -> int:
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    status, body = api.call(
+        "POST", "/api/cascades", token=WRITE_TOKEN, body=path.read_bytes(), content_type="application/yaml"
+    )
+    assert status == 201, body
+    return int(body["id"])
+
+
+def test_follow_pause_resume_advance_abort(
+    plane: tuple[ApiServer, str], random_tiny_model: Path, tmp_path: Path
+) -> None:
+    api, url = plane
+    cfg_path = tmp_path / "cascade.yaml"
+    cascade_id = create(api, runner_config(random_tiny_model, tmp_path / "runs", (500, 500)), cfg_path)
+    first, second = (s["id"] for s in stages(api, cascade_id))
+    command(api, first, "start")  # an operator kicks the cascade off; the runner joins it
+    argv = [sys.executable, "-m", "cascade.cli", "run", str(cfg_path), "--db", url]
+    argv += ["--cascade-id", str(cascade_id), "--follow", "--no-progress"]
+    log = (tmp_path / "runner.log").open("wb")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    runner = subprocess.Popen(
+        argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    try:
+        wait_for("3 steps", lambda: stages(api, cascade_id)[0]["steps_done"] >= 3, proc=runner)
+        command(api, first, "pause")
+        paused = wait_for("the pause", lambda: (st := stages(api, cascade_id)[0])["state"] == "paused" and st)
+        k = paused["steps_done"]
+        ckpts = api.call("GET", f"/api/cascades/{cascade_id}/checkpoints")[1]
+        assert ckpts[-1]["kind"] == "resume" and ckpts[-1]["global_step"] == k  # checkpoint, then pause
+        time.sleep(1.5)  # the runner polls every second: nothing may train meanwhile
+        assert stages(api, cascade_id)[0]["steps_done"] == k and runner.poll() is None
+        assert step_rows(api, cascade_id)[-1][2] == k
+
+        command(api, first, "resume")
+        wait_for("steps after resume", lambda: stages(api, cascade_id)[0]["steps_done"] >= k + 2, proc=runner)
+        command(api, first, "advance")
+        wait_for("stage 2", lambda: stages(api, cascade_id)[1]["steps_done"] >= 2, proc=runner)
+        done = stages(api, cascade_id)[0]
+        assert done["state"] == "completed" and done["steps_done"] < 500
+
+        command(api, second, "pause")
+        wait_for("the second pause", lambda: stages(api, cascade_id)[1]["state"] == "paused", proc=runner)
+        status, out = api.call("POST", f"/api/cascades/{cascade_id}/abort", token=WRITE_TOKEN)
+        assert status == 200 and out["changed"]
+        assert runner.wait(timeout=60) == 0
+    finally:
+        if runner.poll() is None:
+            os.killpg(runner.pid, signal.SIGKILL)
+            runner.wait(timeout=10)
+        log.close()
+    _, detail = api.call("GET", f"/api/cascades/{cascade_id}")
+    assert detail["status"] == "aborted"
+    assert [s["state"] for s in detail["stages"]] == ["completed", "aborted"]
+    assert [r["status"] for r in detail["runs"]] == ["aborted"]
+    assert_contiguous(step_rows(api, cascade_id))
+    events = api.call("GET", f"/api/cascades/{cascade_id}/events")[1]
+    moves = [(e["from_state"], e["to_state"], e["actor"]) for e in events if e["kind"] == "transition"]
+    assert moves == [
+        ("pending", "running", "api:alice"),
+        ("running", "paused", "runner"),
+        ("paused", "running", "runner"),
+        ("running", "completed", "runner"),
+        ("pending", "running", "runner"),
+        ("running", "paused", "runner"),
+        ("paused", "aborted", "api:alice"),
+    ]
+    completed = next(e for e in events if e["kind"] == "transition" and e["to_state"] == "completed")
+    assert completed["detail"]["stopped_by"] == "operator"
+
+
+def test_pause_exits_and_resume_continues_from_the_checkpoint(
+    plane: tuple[ApiServer, str], random_tiny_model: Path, tmp_path: Path
+) -> None:
+    """Without --follow a paused runner exits; `--resume` continues from the pause checkpoint."""
+    from cascade.config import load_cascade_config
+    from cascade.embedded import EmbeddedRunner
+
+    api, url = plane
+    cfg_path = tmp_path / "cascade.yaml"
+    cascade_id = create(api, runner_config(random_tiny_model, tmp_path / "runs", (400, 3)), cfg_path)
+    cfg = load_cascade_config(cfg_path)
+    first, _ = (s["id"] for s in stages(api, cascade_id))
+    run_dir = tmp_path / "runs" / "steered"
+
+    def run(**kwargs: Any) -> Any:
+        runner = EmbeddedRunner(cfg, run_dir=run_dir, db_url=url, log=lambda _: None, **kwargs)
+        return runner.run()
+
+    results: list[Any] = []
+    thread = threading.Thread(target=lambda: results.append(run(cascade_id=cascade_id)))
+    thread.start()
+    try:
+        wait_for("2 steps", lambda: stages(api, cascade_id)[0]["steps_done"] >= 2)
+        command(api, first, "pause")
+    finally:
+        thread.join(timeout=120)
+    assert results[0].stopped_by == "paused"
+    k = stages(api, cascade_id)[0]["steps_done"]
+    assert stages(api, cascade_id)[0]["state"] == "paused"
+    out = command(api, first, "resume")
+    assert out["stage"]["desired_state"] == "running"
+
+    results.clear()
+    thread = threading.Thread(target=lambda: results.append(run(resume=True)))
+    thread.start()
+    try:
+        wait_for("steps after resume", lambda: stages(api, cascade_id)[0]["steps_done"] >= k + 1)
+        state = stages(api, cascade_id)[0]
+        assert (state["state"], state["desired_state"]) == ("running", None)
+        command(api, first, "advance")
+    finally:
+        thread.join(timeout=180)
+    assert results[0].stopped_by == "completed"
+    _, detail = api.call("GET", f"/api/cascades/{cascade_id}")
+    assert detail["status"] == "completed"
+    assert [(s["state"], s["steps_done"]) for s in detail["stages"]][1] == ("completed", 3)
+    assert [r["status"] for r in detail["runs"]] == ["completed"]
+    assert_contiguous(step_rows(api, cascade_id))
+    _, table = api.call("GET", f"/api/cascades/{cascade_id}/regression")
+    assert [r["domain"] for r in table["rows"]] == ["if", "math"]
