@@ -46,20 +46,23 @@ def generate(
     greedy: bool = False,
     generator: torch.Generator | None = None,
 ) -> Generation:
+    """Sample on the model's device (CPU or GPU); `generator` must live on that device."""
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
     was_training = model.training
     model.eval()
+    device = model.device
     ids, attn = left_pad(prompts, pad_id)
+    ids, attn = ids.to(device), attn.to(device)
     pos = positions(attn)
     batch = ids.shape[0]
     cache = DynamicCache()
     out = model(input_ids=ids, attention_mask=attn, position_ids=pos, cache=cache, use_cache=True)
     logits = out.logits[:, -1, :].float()
     next_pos = pos[:, -1] + 1
-    eos = torch.tensor(eos_ids, dtype=torch.long)
-    done = torch.zeros(batch, dtype=torch.bool)
-    stopped = torch.zeros(batch, dtype=torch.bool)
+    eos = torch.tensor(eos_ids, dtype=torch.long, device=device)
+    done = torch.zeros(batch, dtype=torch.bool, device=device)
+    stopped = torch.zeros(batch, dtype=torch.bool, device=device)
     tokens: list[torch.Tensor] = []
     logps: list[torch.Tensor] = []
     for step in range(max_new_tokens):
@@ -74,7 +77,7 @@ def generate(
         done |= hit_eos
         if bool(done.all()) or step == max_new_tokens - 1:
             break
-        attn = torch.cat([attn, torch.ones((batch, 1), dtype=attn.dtype)], dim=1)
+        attn = torch.cat([attn, torch.ones((batch, 1), dtype=attn.dtype, device=device)], dim=1)
         out = model(
             input_ids=tok.unsqueeze(-1),
             attention_mask=attn,
@@ -85,8 +88,8 @@ def generate(
         logits = out.logits[:, -1, :].float()
         next_pos = next_pos + 1
     model.train(was_training)
-    tok_mat = torch.stack(tokens, dim=1)
-    lp_mat = torch.stack(logps, dim=1)
+    tok_mat = torch.stack(tokens, dim=1).cpu()
+    lp_mat = torch.stack(logps, dim=1).cpu()
     completions: list[list[int]] = []
     logprobs: list[list[float]] = []
     reasons: list[str] = []

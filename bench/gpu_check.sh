@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# GPU check for a lent GPU machine: runs the HF engine on the GPU with a tiny model and prints
+# tokens/s, plus the rollout-vs-learner log-prob check on that device (bench/gpu_check.py).
+#
+#   bash bench/gpu_check.sh                   # tiny model shape (hidden 128, 4 layers)
+#   bash bench/gpu_check.sh --hidden 1024 --layers 16 --batch 256   # something a GPU notices
+#
+# It needs a Python with a CUDA build of torch and transformers 5.x; nothing is downloaded (GPU
+# machines here reach no network). In order, it uses:
+#   1. $PYTHON if set;
+#   2. the first of .venv/bin/python, python3 whose torch sees a GPU and whose transformers is 5.x;
+#   3. a Python whose torch sees a GPU, plus a venv (--system-site-packages, so it keeps that
+#      torch) in $GPU_VENV (default /tmp/cascade-gpu-venv) with transformers installed offline
+#      from the wheels in $GPU_WHEELS (default bench/.gpu-wheels). Make that folder on a machine
+#      with network access (~15 MB, must be untracked-but-not-ignored or carried to travel):
+#        pip download --only-binary=:all: --python-version 3.11 -d bench/.gpu-wheels \
+#            transformers==5.24.0 tokenizers==0.23.3 safetensors==0.8.0
+# The pinned torch (2.13.0 CPU here) is deliberately not installed: the machine's own CUDA
+# torch is the one to measure. Exit codes: 0 ok, 1 log-prob mismatch, 2 no usable GPU Python.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+WHEELS="${GPU_WHEELS:-bench/.gpu-wheels}"
+VENV="${GPU_VENV:-/tmp/cascade-gpu-venv}"
+
+has_cuda_torch() { "$1" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; }
+has_transformers5() {
+    "$1" -c 'import sys, transformers as t; sys.exit(0 if int(t.__version__.split(".")[0]) >= 5 else 1)' 2>/dev/null
+}
+
+pick() {
+    if [[ -n "${PYTHON:-}" ]]; then echo "$PYTHON"; return; fi
+    local candidates=(.venv/bin/python python3 python)
+    for py in "${candidates[@]}"; do
+        command -v "$py" >/dev/null 2>&1 || continue
+        if has_cuda_torch "$py" && has_transformers5 "$py"; then echo "$py"; return; fi
+    done
+    for py in "${candidates[@]}"; do
+        command -v "$py" >/dev/null 2>&1 || continue
+        has_cuda_torch "$py" || continue
+        if [[ ! -x "$VENV/bin/python" ]]; then
+            "$py" -m venv --system-site-packages "$VENV" >&2
+        fi
+        if ! has_transformers5 "$VENV/bin/python"; then
+            if ! ls "$WHEELS"/transformers-*.whl >/dev/null 2>&1; then
+                echo "gpu_check: $py has a CUDA torch but no transformers 5.x, and $WHEELS holds no wheels" >&2
+                echo "gpu_check: see the header of bench/gpu_check.sh for how to make them" >&2
+                return 1
+            fi
+            "$VENV/bin/python" -m pip install --quiet --no-index --find-links "$WHEELS" \
+                transformers tokenizers safetensors >&2
+        fi
+        echo "$VENV/bin/python"
+        return
+    done
+    echo "gpu_check: no Python here has a torch that sees a GPU (nvidia-smi: $(nvidia-smi -L 2>&1 | head -1))" >&2
+    return 1
+}
+
+PY="$(pick)" || exit 2
+echo "gpu_check: using $PY ($("$PY" -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'))" >&2
+exec "$PY" bench/gpu_check.py "$@"

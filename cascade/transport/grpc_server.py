@@ -1,0 +1,108 @@
+"""A gRPC server with standard health checking (`grpc.health.v1`), shared by the services.
+
+Health reports SERVING for "" and for each named service once `set_serving(..., True)` is
+called (after the model is loaded), so an orchestrator's probe never routes to a cold process.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from concurrent import futures
+from typing import Protocol
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from prometheus_client import Counter, Gauge, Histogram
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+
+
+def build_grpc_server(
+    register: Callable[[grpc.Server], None],
+    *,
+    address: str,
+    max_workers: int,
+    thread_prefix: str,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+) -> tuple[grpc.Server, health.HealthServicer, int]:
+    """The server (not started) with the services `register` adds plus health; the bound port."""
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=thread_prefix),
+        options=[
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+        ],
+    )
+    register(server)
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    port = server.add_insecure_port(address)
+    if port == 0:
+        raise OSError(f"cannot bind {address}")
+    return server, health_servicer, port
+
+
+def set_serving(health_servicer: health.HealthServicer, service_names: Sequence[str], serving: bool) -> None:
+    status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+    for name in ("", *service_names):
+        health_servicer.set(name, status)
+
+
+class RpcMetrics(Protocol):
+    """What `RpcCall` records; each service's metrics object provides these three."""
+
+    requests: Counter  # labels: method, code
+    latency: Histogram  # labels: method
+    in_flight: Gauge  # labels: method
+
+
+class RpcCall:
+    """One RPC: in-flight gauge, latency and outcome, and the error-to-status mapping.
+
+    Exceptions of the `invalid` types become INVALID_ARGUMENT with their message (the caller's
+    fault; the service is fine), `precondition` types FAILED_PRECONDITION; anything else is
+    logged and answered INTERNAL, so no request can take the server down.
+    """
+
+    def __init__(
+        self,
+        context: grpc.ServicerContext,
+        metrics: RpcMetrics,
+        method: str,
+        *,
+        invalid: tuple[type[BaseException], ...] = (),
+        precondition: tuple[type[BaseException], ...] = (),
+    ) -> None:
+        self.context = context
+        self.metrics = metrics
+        self.method = method
+        self.invalid = invalid
+        self.precondition = precondition
+        self.code = grpc.StatusCode.OK
+
+    def __enter__(self) -> RpcCall:
+        self.start = time.perf_counter()
+        self.metrics.in_flight.labels(self.method).inc()
+        return self
+
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        self.metrics.in_flight.labels(self.method).dec()
+        message = ""
+        if exc is None:
+            pass
+        elif isinstance(exc, self.invalid):
+            self.code, message = grpc.StatusCode.INVALID_ARGUMENT, str(exc)
+        elif isinstance(exc, self.precondition):
+            self.code, message = grpc.StatusCode.FAILED_PRECONDITION, str(exc)
+        elif isinstance(exc, Exception) and self.code == grpc.StatusCode.OK:
+            # not an abort from inside the handler (that would have set `code`): a bug or a fault
+            log.error("%s failed", self.method, exc_info=exc)
+            self.code, message = grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}"
+        self.metrics.requests.labels(self.method, self.code.name).inc()
+        self.metrics.latency.labels(self.method).observe(time.perf_counter() - self.start)
+        if message:
+            self.context.abort(self.code, message)

@@ -1,0 +1,178 @@
+"""`cascade-rollout` / `python -m services.rollout.main`: the rollout service.
+
+Serves one policy (HF engine on CPU or GPU, or vLLM on a GPU host) behind gRPC: Generate,
+UpdateWeights (checkpoint path), UpdateWeightsStream (streamed tensors), GetModelInfo; gRPC
+health; `/metrics` and `/health` over HTTP. Arguments are parsed before torch, transformers or
+vLLM are imported, so `--help` and bad flags answer at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("cascade.rollout")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="cascade-rollout", description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True, type=Path, help="Hugging Face checkpoint directory to serve")
+    p.add_argument(
+        "--engine", choices=["hf", "vllm"], default="hf", help="generation engine (default: %(default)s)"
+    )
+    p.add_argument("--device", default="cpu", help="hf engine: cpu, cuda, cuda:1, ... (default: %(default)s)")
+    p.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16", "float16"],
+        default=None,
+        help="weights dtype (default: float32 for hf, bfloat16 for vllm)",
+    )
+    p.add_argument(
+        "--version", type=int, default=0, help="policy version of the starting weights (default: 0)"
+    )
+    p.add_argument(
+        "--update-mode",
+        choices=["swap", "drain"],
+        default="swap",
+        help="hf engine: swap = new weights in a copy, calls in flight finish on the old one "
+        "(2x weight memory during a switch); drain = wait for calls in flight, load in place "
+        "(default: %(default)s; vllm always drains)",
+    )
+    p.add_argument("--host", default="0.0.0.0", help="address for gRPC and HTTP (default: %(default)s)")
+    p.add_argument("--port", type=int, default=50052, help="gRPC port (default: %(default)s)")
+    p.add_argument(
+        "--metrics-port", type=int, default=9101, help="HTTP /metrics and /health (default: %(default)s)"
+    )
+    p.add_argument(
+        "--max-concurrent", type=int, default=4, help="Generate calls run at once (default: %(default)s)"
+    )
+    p.add_argument("--max-prompts", type=int, default=4096, help="prompts per request (default: %(default)s)")
+    p.add_argument(
+        "--max-group-size", type=int, default=1024, help="completions per prompt (default: %(default)s)"
+    )
+    p.add_argument("--rpc-threads", type=int, default=16, help="concurrent RPCs (default: %(default)s)")
+    p.add_argument("--torch-threads", type=int, default=0, help="torch intra-op threads, 0 = torch's default")
+    p.add_argument("--think-flag", default="/think", help="appended to chat prompts with thinking on")
+    p.add_argument("--no-think-flag", default="/no_think", help="appended to chat prompts with thinking off")
+    p.add_argument("--system-prompt", default=None, help="system message for chat prompts that have none")
+    p.add_argument(
+        "--gpu-memory-utilization", type=float, default=0.85, help="vllm only (default: %(default)s)"
+    )
+    p.add_argument("--max-model-len", type=int, default=None, help="vllm only: context length to serve")
+    p.add_argument("--tensor-parallel-size", type=int, default=1, help="vllm only (default: %(default)s)")
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    args = p.parse_args(argv)
+    if not (args.model / "config.json").is_file():
+        p.error(f"--model: {args.model} is not a model directory (no config.json)")
+    for name in ("max_concurrent", "max_prompts", "max_group_size", "rpc_threads"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.torch_threads < 0:
+        p.error("--torch-threads must be 0 (default) or positive")
+    return args
+
+
+def build_engine(args: argparse.Namespace) -> Any:
+    if args.engine == "vllm":
+        from cascade.engine.vllm import VLLMEngine
+
+        return VLLMEngine(
+            args.model,
+            dtype=args.dtype or "bfloat16",
+            version=args.version,
+            max_model_len=args.max_model_len,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            tensor_parallel_size=args.tensor_parallel_size,
+        )
+    from cascade.engine.hf_engine import HFEngine
+
+    return HFEngine.from_dir(
+        args.model,
+        dtype=args.dtype or "float32",
+        device=args.device,
+        version=args.version,
+        swap=args.update_mode == "swap",
+    )
+
+
+def serve(args: argparse.Namespace) -> int:
+    import torch
+
+    from cascade.config import ChatConfig
+    from cascade.transport.grpc_server import build_grpc_server, set_serving
+    from cascade.transport.http import start_http_server
+    from cascade_proto.v1 import rollout_pb2_grpc
+    from services.rollout.metrics import RolloutMetrics
+    from services.rollout.requests import Limits
+    from services.rollout.server import SERVICE_NAME, RolloutServicer
+
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
+    metrics = RolloutMetrics()
+    serving = threading.Event()
+    http = start_http_server(args.host, args.metrics_port, metrics.registry, health=serving.is_set)
+    engine = build_engine(args)
+    servicer = RolloutServicer(
+        engine,
+        engine.tokenizer,
+        metrics,
+        chat=ChatConfig(
+            think_flag=args.think_flag, no_think_flag=args.no_think_flag, system_prompt=args.system_prompt
+        ),
+        limits=Limits(max_prompts=args.max_prompts, max_group_size=args.max_group_size),
+        max_concurrent=args.max_concurrent,
+    )
+    server, health, port = build_grpc_server(
+        lambda s: rollout_pb2_grpc.add_RolloutServiceServicer_to_server(servicer, s),
+        address=f"{args.host}:{args.port}",
+        max_workers=args.rpc_threads,
+        thread_prefix="rollout-rpc",
+    )
+    server.start()
+    set_serving(health, [SERVICE_NAME], True)
+    serving.set()
+    info = engine.info
+    log.info(
+        "rollout service on %s:%d (metrics on :%d): %s engine, %s, vocab %d, context %d, version %d",
+        args.host,
+        port,
+        http.server_port,
+        info.kind,
+        info.model,
+        info.vocab_size,
+        info.max_context,
+        engine.version,
+    )
+
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    stop.wait()
+    log.info("stopping")
+    serving.clear()
+    set_serving(health, [SERVICE_NAME], False)
+    server.stop(grace=5).wait()
+    http.shutdown()
+    engine.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    return serve(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,166 @@
+"""`cascade-teacher` / `python -m services.teacher.main`: the teacher service.
+
+Hosts several named teachers (one per finished domain: `--teacher math=/ckpt/math-best`),
+loaded from their checkpoint directories on first use within `--memory-budget-mb`, and answers
+their log-probs on the student's tokens (sampled / topk / full) over gRPC, batching concurrent
+requests. gRPC health; `/metrics` and `/health` over HTTP. Arguments are parsed before torch
+and transformers are imported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("cascade.teacher")
+
+
+def _teacher(value: str) -> tuple[str, Path]:
+    name, sep, path = value.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"expected NAME=PATH, got {value!r}")
+    return name, Path(path)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="cascade-teacher", description=__doc__.splitlines()[0])
+    p.add_argument(
+        "--teacher",
+        type=_teacher,
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="a teacher and its checkpoint directory (repeat; more can be set by RPC)",
+    )
+    p.add_argument(
+        "--memory-budget-mb",
+        type=float,
+        default=4096.0,
+        help="weights of resident teachers stay under this; least recently used go first "
+        "(default: %(default)s)",
+    )
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default: %(default)s)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    p.add_argument(
+        "--max-batch-sequences",
+        type=int,
+        default=64,
+        help="sequences per forward; concurrent requests are merged up to this (default: %(default)s)",
+    )
+    p.add_argument(
+        "--max-wait-ms",
+        type=float,
+        default=5.0,
+        help="how long a request waits for others to share its batch (default: %(default)s)",
+    )
+    p.add_argument(
+        "--max-sequences", type=int, default=4096, help="sequences per request (default: %(default)s)"
+    )
+    p.add_argument("--host", default="0.0.0.0", help="address for gRPC and HTTP (default: %(default)s)")
+    p.add_argument("--port", type=int, default=50053, help="gRPC port (default: %(default)s)")
+    p.add_argument(
+        "--metrics-port", type=int, default=9102, help="HTTP /metrics and /health (default: %(default)s)"
+    )
+    p.add_argument("--rpc-threads", type=int, default=16, help="concurrent RPCs (default: %(default)s)")
+    p.add_argument("--torch-threads", type=int, default=0, help="torch intra-op threads, 0 = torch's default")
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    args = p.parse_args(argv)
+    names = [name for name, _ in args.teacher]
+    if len(set(names)) != len(names):
+        p.error(f"--teacher: a name given twice in {names}")
+    for name, path in args.teacher:
+        if not (path / "config.json").is_file():
+            p.error(f"--teacher {name}: {path} is not a model directory (no config.json)")
+    for flag in ("max_batch_sequences", "max_sequences", "rpc_threads"):
+        if getattr(args, flag) < 1:
+            p.error(f"--{flag.replace('_', '-')} must be at least 1")
+    if args.memory_budget_mb <= 0 or args.max_wait_ms < 0 or args.torch_threads < 0:
+        p.error("--memory-budget-mb must be positive, --max-wait-ms and --torch-threads not negative")
+    return args
+
+
+def serve(args: argparse.Namespace) -> int:
+    import torch
+
+    from cascade.teacher_pool import TeacherPool
+    from cascade.transport.grpc_server import build_grpc_server, set_serving
+    from cascade.transport.http import start_http_server
+    from cascade_proto.v1 import teacher_pb2_grpc
+    from services.teacher.batching import ScoringBatcher
+    from services.teacher.metrics import TeacherMetrics
+    from services.teacher.server import SERVICE_NAME, TeacherServicer
+
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
+    metrics = TeacherMetrics()
+    pool = TeacherPool(
+        dict(args.teacher),
+        memory_budget_bytes=int(args.memory_budget_mb * 2**20),
+        dtype=args.dtype,
+        device=args.device,
+    )
+
+    def on_batch(teacher: str, requests: int, sequences: int) -> None:
+        metrics.batch_requests.observe(requests)
+        metrics.batch_sequences.observe(sequences)
+
+    batcher = ScoringBatcher(
+        pool,
+        max_batch_sequences=args.max_batch_sequences,
+        max_wait_s=args.max_wait_ms / 1000,
+        on_batch=on_batch,
+    )
+    servicer = TeacherServicer(pool, batcher, metrics, max_sequences=args.max_sequences)
+    server, health, port = build_grpc_server(
+        lambda s: teacher_pb2_grpc.add_TeacherServiceServicer_to_server(servicer, s),
+        address=f"{args.host}:{args.port}",
+        max_workers=args.rpc_threads,
+        thread_prefix="teacher-rpc",
+    )
+    serving = threading.Event()
+    http = start_http_server(args.host, args.metrics_port, metrics.registry, health=serving.is_set)
+    server.start()
+    set_serving(health, [SERVICE_NAME], True)
+    serving.set()
+    log.info(
+        "teacher service on %s:%d (metrics on :%d): teachers %s, budget %.0f MiB, %s",
+        args.host,
+        port,
+        http.server_port,
+        ", ".join(pool.names()) or "none (SetTeacher adds them)",
+        args.memory_budget_mb,
+        args.device,
+    )
+
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    stop.wait()
+    log.info("stopping")
+    serving.clear()
+    set_serving(health, [SERVICE_NAME], False)
+    server.stop(grace=5).wait()
+    batcher.close()
+    http.shutdown()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    return serve(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
