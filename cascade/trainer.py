@@ -153,7 +153,9 @@ def distill_term(
             )
         else:
             k = min(cfg.topk, teacher_logits.shape[-1])
-            top_lp, top_ids = torch.log_softmax(teacher_logits / t, dim=-1).topk(k, dim=-1)
+            # Untempered (T = 1) log-probs: topk_distill_loss applies T itself (tempering here
+            # too would put the teacher at T^2).
+            top_lp, top_ids = torch.log_softmax(teacher_logits, dim=-1).topk(k, dim=-1)
             out = topk_distill_loss(
                 TopkDistillInput(
                     student_logits=student_logits,
