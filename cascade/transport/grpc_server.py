@@ -7,10 +7,13 @@ called (after the model is loaded), so an orchestrator's probe never routes to a
 from __future__ import annotations
 
 import logging
+import signal
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent import futures
-from typing import Protocol
+from typing import Any, Protocol
+from wsgiref.simple_server import WSGIServer
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -50,6 +53,38 @@ def set_serving(health_servicer: health.HealthServicer, service_names: Sequence[
     status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
     for name in ("", *service_names):
         health_servicer.set(name, status)
+
+
+def serve_until_signalled(
+    server: grpc.Server,
+    health_servicer: health.HealthServicer,
+    service_names: Sequence[str],
+    http: WSGIServer,
+    serving: threading.Event,
+    *,
+    on_ready: Callable[[], None] = lambda: None,
+    grace_s: float = 5.0,
+) -> None:
+    """Start `server`, report SERVING (gRPC health and the HTTP `/health` that reads `serving`),
+    block until SIGTERM or SIGINT, then report NOT_SERVING, give RPCs in flight `grace_s` and
+    stop the HTTP server. Must run on the main thread (signal handlers)."""
+    server.start()
+    set_serving(health_servicer, service_names, True)
+    serving.set()
+    on_ready()
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    stop.wait()
+    log.info("stopping")
+    serving.clear()
+    set_serving(health_servicer, service_names, False)
+    server.stop(grace=grace_s).wait()
+    http.shutdown()
 
 
 class RpcMetrics(Protocol):

@@ -10,10 +10,8 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
 import threading
-from typing import Any
 
 log = logging.getLogger("cascade.reward")
 
@@ -78,11 +76,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def serve(args: argparse.Namespace) -> int:
+    from cascade.transport.grpc_server import build_grpc_server, serve_until_signalled
+    from cascade.transport.http import start_http_server
+    from cascade_proto.v1 import reward_pb2_grpc
     from services.reward import tasks
     from services.reward.batch import DomainCache
-    from services.reward.metrics import RewardMetrics, start_http_server
+    from services.reward.metrics import RewardMetrics
     from services.reward.scoring import DispatchConfig, Dispatcher
-    from services.reward.server import RewardServicer, build_server, set_serving
+    from services.reward.server import SERVICE_NAME, RewardServicer
 
     celery_app = tasks.configure(
         tasks.celery_settings(broker_url=args.broker_url, result_backend=args.result_backend)
@@ -97,36 +98,30 @@ def serve(args: argparse.Namespace) -> int:
         local,
     )
     servicer = RewardServicer(dispatcher, metrics, max_items=args.max_items)
-    server, health, port = build_server(
-        servicer, address=f"{args.host}:{args.port}", max_workers=args.rpc_threads
+    server, health, port = build_grpc_server(
+        lambda s: reward_pb2_grpc.add_RewardServiceServicer_to_server(servicer, s),
+        address=f"{args.host}:{args.port}",
+        max_workers=args.rpc_threads,
+        thread_prefix="reward-rpc",
+        max_message_bytes=64 * 1024 * 1024,
     )
     serving = threading.Event()
     http = start_http_server(args.host, args.metrics_port, metrics.registry, health=serving.is_set)
-    server.start()
-    set_serving(health, True)
-    serving.set()
-    log.info(
-        "reward service on %s:%d (metrics on :%d); remote domains: %s; broker %s",
-        args.host,
-        port,
-        http.server_port,
-        ",".join(sorted(args.remote_domains)) or "none",
-        _redact(args.broker_url),
+    serve_until_signalled(
+        server,
+        health,
+        [SERVICE_NAME],
+        http,
+        serving,
+        on_ready=lambda: log.info(
+            "reward service on %s:%d (metrics on :%d); remote domains: %s; broker %s",
+            args.host,
+            port,
+            http.server_port,
+            ",".join(sorted(args.remote_domains)) or "none",
+            _redact(args.broker_url),
+        ),
     )
-
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: Any) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    stop.wait()
-    log.info("stopping")
-    serving.clear()
-    set_serving(health, False)
-    server.stop(grace=5).wait()
-    http.shutdown()
     local.close()
     return 0
 

@@ -6,13 +6,7 @@ several servers in one process do not collide.
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Iterable
-from socketserver import ThreadingMixIn
-from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
-
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
@@ -45,31 +39,3 @@ class RewardMetrics:
             ["method"],
             registry=self.registry,
         )
-
-
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
-        pass
-
-
-class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
-    daemon_threads = True
-
-
-def start_http_server(
-    host: str, port: int, registry: CollectorRegistry, health: Callable[[], bool]
-) -> WSGIServer:
-    """Serve `/metrics` (Prometheus text format) and `/health` (200 `SERVING` or 503) in a
-    daemon thread; returns the server (its `server_port` is the bound port)."""
-    metrics_app = make_wsgi_app(registry)
-
-    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        if environ.get("PATH_INFO") == "/health":
-            ok = health()
-            start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")])
-            return [b"SERVING\n" if ok else b"NOT_SERVING\n"]
-        return metrics_app(environ, start_response)
-
-    server = make_server(host, port, app, server_class=_ThreadingWSGIServer, handler_class=_QuietHandler)
-    threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
-    return server

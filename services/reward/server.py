@@ -10,10 +10,8 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator
-from concurrent import futures
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from cascade.domains import RewardVerdict
 from cascade_proto.v1 import reward_pb2, reward_pb2_grpc
@@ -104,29 +102,3 @@ def _verdict(index: int, problem_id: str, v: RewardVerdict) -> reward_pb2.Verdic
     return reward_pb2.Verdict(
         index=index, problem_id=problem_id, reward=v.reward, reason=v.reason, detail=v.detail
     )
-
-
-def build_server(
-    servicer: RewardServicer, *, address: str, max_workers: int
-) -> tuple[grpc.Server, health.HealthServicer, int]:
-    """The gRPC server with the reward and health services (not started); returns the bound port."""
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="reward-rpc"),
-        options=[
-            ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-            ("grpc.max_send_message_length", 64 * 1024 * 1024),
-        ],
-    )
-    reward_pb2_grpc.add_RewardServiceServicer_to_server(servicer, server)
-    health_servicer = health.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    port = server.add_insecure_port(address)
-    if port == 0:
-        raise OSError(f"cannot bind {address}")
-    return server, health_servicer, port
-
-
-def set_serving(health_servicer: health.HealthServicer, serving: bool) -> None:
-    status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
-    for name in ("", SERVICE_NAME):
-        health_servicer.set(name, status)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
 import threading
 from pathlib import Path
@@ -104,7 +103,7 @@ def serve(args: argparse.Namespace) -> int:
     import torch
 
     from cascade.config import ChatConfig
-    from cascade.transport.grpc_server import build_grpc_server, set_serving
+    from cascade.transport.grpc_server import build_grpc_server, serve_until_signalled
     from cascade.transport.http import start_http_server
     from cascade_proto.v1 import rollout_pb2_grpc
     from services.rollout.metrics import RolloutMetrics
@@ -133,35 +132,25 @@ def serve(args: argparse.Namespace) -> int:
         max_workers=args.rpc_threads,
         thread_prefix="rollout-rpc",
     )
-    server.start()
-    set_serving(health, [SERVICE_NAME], True)
-    serving.set()
     info = engine.info
-    log.info(
-        "rollout service on %s:%d (metrics on :%d): %s engine, %s, vocab %d, context %d, version %d",
-        args.host,
-        port,
-        http.server_port,
-        info.kind,
-        info.model,
-        info.vocab_size,
-        info.max_context,
-        engine.version,
+    serve_until_signalled(
+        server,
+        health,
+        [SERVICE_NAME],
+        http,
+        serving,
+        on_ready=lambda: log.info(
+            "rollout service on %s:%d (metrics on :%d): %s engine, %s, vocab %d, context %d, version %d",
+            args.host,
+            port,
+            http.server_port,
+            info.kind,
+            info.model,
+            info.vocab_size,
+            info.max_context,
+            engine.version,
+        ),
     )
-
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: Any) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    stop.wait()
-    log.info("stopping")
-    serving.clear()
-    set_serving(health, [SERVICE_NAME], False)
-    server.stop(grace=5).wait()
-    http.shutdown()
     engine.close()
     return 0
 

@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Any
 
 log = logging.getLogger("cascade.teacher")
 
@@ -88,7 +86,7 @@ def serve(args: argparse.Namespace) -> int:
     import torch
 
     from cascade.teacher_pool import TeacherPool
-    from cascade.transport.grpc_server import build_grpc_server, set_serving
+    from cascade.transport.grpc_server import build_grpc_server, serve_until_signalled
     from cascade.transport.http import start_http_server
     from cascade_proto.v1 import teacher_pb2_grpc
     from services.teacher.batching import ScoringBatcher
@@ -124,33 +122,23 @@ def serve(args: argparse.Namespace) -> int:
     )
     serving = threading.Event()
     http = start_http_server(args.host, args.metrics_port, metrics.registry, health=serving.is_set)
-    server.start()
-    set_serving(health, [SERVICE_NAME], True)
-    serving.set()
-    log.info(
-        "teacher service on %s:%d (metrics on :%d): teachers %s, budget %.0f MiB, %s",
-        args.host,
-        port,
-        http.server_port,
-        ", ".join(pool.names()) or "none (SetTeacher adds them)",
-        args.memory_budget_mb,
-        args.device,
+    serve_until_signalled(
+        server,
+        health,
+        [SERVICE_NAME],
+        http,
+        serving,
+        on_ready=lambda: log.info(
+            "teacher service on %s:%d (metrics on :%d): teachers %s, budget %.0f MiB, %s",
+            args.host,
+            port,
+            http.server_port,
+            ", ".join(pool.names()) or "none (SetTeacher adds them)",
+            args.memory_budget_mb,
+            args.device,
+        ),
     )
-
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: Any) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    stop.wait()
-    log.info("stopping")
-    serving.clear()
-    set_serving(health, [SERVICE_NAME], False)
-    server.stop(grace=5).wait()
     batcher.close()
-    http.shutdown()
     return 0
 
 
