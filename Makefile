@@ -51,13 +51,13 @@ lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy cascade
 	$(VENV)/bin/mypy services/api
-	$(VENV)/bin/mypy services/rollout services/teacher
+	$(VENV)/bin/mypy services/rollout services/teacher services/learner
 
 test: install services sandbox chromium $(TINY)/config.json
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy cascade
 	$(VENV)/bin/mypy services/api
-	$(VENV)/bin/mypy services/rollout services/teacher
+	$(VENV)/bin/mypy services/rollout services/teacher services/learner
 	$(VENV)/bin/pytest -q -p no:cacheprovider
 
 clean:

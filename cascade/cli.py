@@ -153,6 +153,61 @@ def cmd_sandbox_check(args: argparse.Namespace) -> int:
     return 1
 
 
+def cmd_up(args: argparse.Namespace) -> int:
+    from cascade.config import ConfigError, load_cascade_config
+
+    try:
+        cfg = load_cascade_config(args.config)
+    except ConfigError as err:
+        return _fail(str(err))
+    import signal
+    import uuid
+
+    from cascade.up import LocalStack
+
+    run_dir = Path(args.run_dir) if args.run_dir else cfg.output_dir / f"{cfg.name}-distributed"
+    stack = LocalStack(
+        config=Path(args.config).resolve(),
+        model=cfg.model.path.resolve(),
+        run_dir=run_dir.resolve(),
+        log_dir=Path(args.log_dir or f"{run_dir}-logs").resolve(),
+        redis_url=args.redis_url,
+        db=args.db,
+        stream_prefix=args.stream_prefix or f"cascade:{cfg.name}:{uuid.uuid4().hex[:8]}",
+        workers=args.workers,
+        celery_workers=args.celery_workers,
+        fresh=args.fresh,
+        distill=not args.no_distill,
+        nice=args.nice,
+    )
+
+    def on_term(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        print(f"starting services (logs in {stack.log_dir}) ...", flush=True)
+        stack.start_services()
+        for i in range(stack.workers):
+            stack.worker(i)
+        stack.start_learner()
+        print(stack.describe(), flush=True)
+        db = args.db or "SQLite in the run dir"
+        print(f"redis {args.redis_url} (streams {stack.stream_prefix}:*), db {db}")
+        print("Ctrl-C stops them all", flush=True)
+        code = stack.wait(echo=True)
+    except KeyboardInterrupt:
+        print("\nstopping ...", file=sys.stderr)
+        code = 130
+    except (RuntimeError, TimeoutError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        code = 1
+    finally:
+        stack.stop()
+    print(f"all stopped (learner exit code {code})", file=sys.stderr)
+    return code
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cascade", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -172,6 +227,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--follow", action="store_true", help="when paused by an operator, wait for resume or abort"
     )
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("up", help="run a cascade in distributed mode as local processes")
+    p.add_argument("config", help="cascade YAML file")
+    p.add_argument("--db", help="SQLAlchemy URL, e.g. postgresql+psycopg://postgres@127.0.0.1:5432/cascade")
+    p.add_argument("--redis-url", default="redis://127.0.0.1:6379/0", help="streams + Celery broker")
+    p.add_argument("--run-dir", help="default: <output_dir>/<name>-distributed")
+    p.add_argument("--log-dir", help="one log per process (default: <run-dir>-logs)")
+    p.add_argument("--stream-prefix", help="Redis key prefix of this run (default: a fresh one)")
+    p.add_argument("--workers", type=int, default=2, help="rollout workers (default: %(default)s)")
+    p.add_argument("--celery-workers", type=int, default=1, help="Celery reward workers (default: 1)")
+    p.add_argument("--fresh", action="store_true", help="delete the run directory first")
+    p.add_argument("--no-distill", action="store_true", help="ablation: no distillation in any stage")
+    p.add_argument("--nice", type=int, default=0, help="start every process under `nice -n N`")
+    p.set_defaults(func=cmd_up)
 
     p = sub.add_parser("validate", help="validate cascade configs")
     p.add_argument("configs", nargs="+")

@@ -295,6 +295,18 @@ class CheckpointConfig(StrictModel):
     keep_last: int = Field(2, ge=1)
 
 
+class RolloutConfig(StrictModel):
+    seeding: Literal["stream", "per_request"] = "stream"
+    """How sampling is seeded. `stream`: one generator for the whole run (embedded mode only).
+    `per_request`: each request of `prompts_per_request` prompts samples with a generator seeded
+    from (seed, batch number, request index), so whichever process generates it gets the same
+    tokens. The distributed mode always seeds per request; set it here for the embedded run to
+    match a distributed one step for step."""
+    prompts_per_request: int = Field(4, ge=1)
+    """Prompts (each with its group) per generation request: one Redis message in distributed
+    mode, the unit that rollout workers share out and re-claim after a crash."""
+
+
 class CascadeConfig(StrictModel):
     name: str = Field(..., min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
     seed: int = 0
@@ -304,6 +316,7 @@ class CascadeConfig(StrictModel):
     """Every domain evaluated throughout the cascade (the regression table's rows)."""
     stages: list[StageConfig] = Field(..., min_length=1)
     checkpoint: CheckpointConfig = CheckpointConfig()
+    rollout: RolloutConfig = RolloutConfig()
     output_dir: Path = Path("runs")
 
     @model_validator(mode="after")

@@ -39,7 +39,7 @@ from cascade.evaluation import evaluate_domain
 from cascade.frozen_models import FrozenModelCache
 from cascade.model.loading import load_policy
 from cascade.progress import RunProgress
-from cascade.rollout import RolloutBatch, collect_groups, sample_completions
+from cascade.rollout import RolloutBatch, collect_groups, sample_completions, seeded_generator
 from cascade.run_state import RunState, rng_state_from_json, rng_state_to_json
 from cascade.run_store import RunStore
 from cascade.trainer import DistillSamples, LossTerm, apply_update, distill_term, rl_term
@@ -241,7 +241,7 @@ class EmbeddedRunner:
             self.progress.end_stage()
             self.store.stage_completed(i, stopped_by=stopped_by, steps=self.state.stage_step)
             self.log(f"stage '{stage.label}' done after {self.state.stage_step} steps ({stopped_by})")
-            self._pending.clear()
+            self._discard_pending()
             self.state.stage_index += 1
             self.state.stage_step = 0
             self.state.stage_started = False
@@ -289,6 +289,7 @@ class EmbeddedRunner:
         self.state.policy_version += 1
         self.state.stage_step += 1
         self.state.global_step += 1
+        after = self._after_update()
         t_end = time.perf_counter()
         metrics: dict[str, Any] = {
             **rl.metrics,
@@ -300,30 +301,56 @@ class EmbeddedRunner:
             "time_update_s": t_end - t_loss,
             "time_step_s": t_end - t0,
             "reasons": batch.reason_counts(),
+            **after,
         }
+        self._extra_metrics(metrics)
         self.store.record_step(self.state.stage_index, self.state.stage_step, self.state.global_step, metrics)
         return metrics
 
+    def _after_update(self) -> dict[str, float]:
+        """Hook after each optimizer step (the distributed learner pushes weights here)."""
+        return {}
+
+    def _extra_metrics(self, metrics: dict[str, Any]) -> None:
+        """Hook to add step metrics that need the whole step's timing."""
+
+    def _discard_pending(self) -> None:
+        """At a stage's end: rollouts made ahead for it are not trained on."""
+        self._pending.clear()
+
+    def _pick_problems(self, stage: StageConfig) -> list[Problem]:
+        ids = [p.id for p in self.train_problems[stage.domain]]
+        k = min(stage.grpo.prompts_per_step, len(ids))
+        picked = self.filters[stage.domain].sample(ids, k, self.rng)
+        return [self._by_id[stage.domain][pid] for pid in picked]
+
     def _generate_batch(self, stage: StageConfig, budget: int) -> RolloutBatch:
         g = stage.grpo
-        ids = [p.id for p in self.train_problems[stage.domain]]
-        k = min(g.prompts_per_step, len(ids))
-        picked = self.filters[stage.domain].sample(ids, k, self.rng)
-        chosen = [self._by_id[stage.domain][pid] for pid in picked]
-        batch = collect_groups(
-            self.policy,
-            self.cfg.chat,
-            self.domains[stage.domain],
-            chosen,
-            group_size=g.group_size,
-            max_new_tokens=budget,
-            temperature=g.temperature,
-            top_p=g.top_p,
-            thinking=g.thinking,
-            overlong=g.overlong,
-            policy_version=self.state.policy_version,
-            generator=self.generator,
-        )
+        chosen = self._pick_problems(stage)
+        seq = self.state.batches_made
+        self.state.batches_made += 1
+        per_request = self.cfg.rollout.seeding == "per_request"
+        n = self.cfg.rollout.prompts_per_request if per_request else len(chosen)
+        parts = [
+            collect_groups(
+                self.policy,
+                self.cfg.chat,
+                self.domains[stage.domain],
+                chosen[start : start + n],
+                group_size=g.group_size,
+                max_new_tokens=budget,
+                temperature=g.temperature,
+                top_p=g.top_p,
+                thinking=g.thinking,
+                overlong=g.overlong,
+                policy_version=self.state.policy_version,
+                generator=seeded_generator(self.cfg.seed, "rl", seq, start // n)
+                if per_request
+                else self.generator,
+            )
+            for start in range(0, len(chosen), n)
+        ]
+        batch = RolloutBatch.concat(parts)
         self._update_filter(stage.domain, batch)
         return batch
 
@@ -363,6 +390,11 @@ class EmbeddedRunner:
         assert entry is not None
         return self.frozen.get(domain, entry.path)
 
+    def _distill_problems(self, stage: StageConfig, teacher: str) -> list[Problem]:
+        dc = stage.distill
+        pool = self.train_problems[teacher if dc.prompt_source == "replay" else stage.domain]
+        return self.rng.sample(pool, min(dc.prompts_per_teacher, len(pool)))
+
     def _distill_terms(self, stage: StageConfig, budget: int) -> tuple[list[tuple[float, LossTerm]], dict]:
         teachers = self._teacher_domains(self.state.stage_index)
         if not teachers:
@@ -372,9 +404,10 @@ class EmbeddedRunner:
         terms: list[tuple[float, LossTerm]] = []
         metrics: dict[str, float] = {}
         for d in teachers:
-            source = d if dc.prompt_source == "replay" else stage.domain
-            pool = self.train_problems[source]
-            problems = self.rng.sample(pool, min(dc.prompts_per_teacher, len(pool)))
+            problems = self._distill_problems(stage, d)
+            generator = self.generator
+            if self.cfg.rollout.seeding == "per_request":
+                generator = seeded_generator(self.cfg.seed, "distill", self.state.global_step, d)
             prompt_ids, gen = sample_completions(
                 self.policy,
                 self.cfg.chat,
@@ -384,7 +417,7 @@ class EmbeddedRunner:
                 temperature=g.temperature,
                 top_p=g.top_p,
                 thinking=g.thinking,
-                generator=self.generator,
+                generator=generator,
             )
             samples = DistillSamples(
                 teacher=d,

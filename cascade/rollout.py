@@ -6,7 +6,9 @@ function with a remote engine and reward client behind it.
 
 from __future__ import annotations
 
+import hashlib
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -60,6 +62,49 @@ class RolloutBatch:
 
     def reason_counts(self) -> dict[str, int]:
         return dict(Counter(v.reason for v in self.verdicts))
+
+    @staticmethod
+    def concat(parts: Sequence[RolloutBatch]) -> RolloutBatch:
+        """One batch from requests of the same step (same domain, group size and version)."""
+        first = parts[0]
+        return RolloutBatch(
+            domain=first.domain,
+            problems=[p for b in parts for p in b.problems],
+            group_size=first.group_size,
+            prompt_ids=[x for b in parts for x in b.prompt_ids],
+            completion_ids=[x for b in parts for x in b.completion_ids],
+            logprobs=[x for b in parts for x in b.logprobs],
+            finish_reasons=[x for b in parts for x in b.finish_reasons],
+            texts=[x for b in parts for x in b.texts],
+            verdicts=[x for b in parts for x in b.verdicts],
+            policy_version=min(b.policy_version for b in parts),
+            temperature=first.temperature,
+        )
+
+
+def request_seed(seed: int, *parts: object) -> int:
+    """A 63-bit sampling seed for one generation request, from the run's seed and the request's
+    identity (e.g. `"rl", batch number, request index`): the same in every process."""
+    digest = hashlib.blake2b(repr((seed, *parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") & (2**63 - 1)
+
+
+def seeded_generator(seed: int, *parts: object) -> torch.Generator:
+    return torch.Generator().manual_seed(request_seed(seed, *parts))
+
+
+def apply_overlong(
+    verdicts: list[RewardVerdict], finish_reasons: list[str], overlong: str
+) -> list[RewardVerdict]:
+    """`overlong: zero`: a completion cut by the token budget scores 0 (infra errors stay)."""
+    if overlong != "zero":
+        return verdicts
+    return [
+        RewardVerdict(0.0, TRUNCATED, "cut by the token budget")
+        if fin == "length" and v.reason != INFRA_ERROR
+        else v
+        for v, fin in zip(verdicts, finish_reasons, strict=True)
+    ]
 
 
 def sample_completions(
@@ -119,14 +164,7 @@ def collect_groups(
     )
     texts = policy.tokenizer.batch_decode(gen.completion_ids, skip_special_tokens=True)
     repeated_problems = [p for p in problems for _ in range(group_size)]
-    verdicts = domain.score_batch(repeated_problems, texts)
-    if overlong == "zero":
-        verdicts = [
-            RewardVerdict(0.0, TRUNCATED, "cut by the token budget")
-            if fin == "length" and v.reason != INFRA_ERROR
-            else v
-            for v, fin in zip(verdicts, gen.finish_reasons, strict=True)
-        ]
+    verdicts = apply_overlong(domain.score_batch(repeated_problems, texts), gen.finish_reasons, overlong)
     return RolloutBatch(
         domain=domain.name,
         problems=problems,

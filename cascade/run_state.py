@@ -14,6 +14,8 @@ class RunState:
     stage_step: int = 0
     global_step: int = 0
     policy_version: int = 0
+    batches_made: int = 0
+    """RL batches generated so far: with per-request seeding, part of each request's seed."""
     stage_started: bool = False
     tracker: dict[str, Any] = field(default_factory=dict)
     teachers: dict[str, Any] = field(default_factory=dict)

@@ -27,6 +27,7 @@ from cascade.algo import (
 from cascade.config import DistillConfig, GrpoConfig
 from cascade.engine.batch import SequenceBatch, build_batch
 from cascade.engine.logprobs import completion_logits, completion_logprobs, gather_logprobs
+from cascade.engine.scoring import SequenceScores
 from cascade.rollout import RolloutBatch
 
 
@@ -113,6 +114,76 @@ class DistillSamples:
     temperature: float
 
 
+@dataclass
+class TeacherTokens:
+    """A teacher's view of the distillation batch, on its `build_batch` layout (B sequences,
+    C completion positions; padding positions are 0). Which fields are set depends on the loss:
+
+    - sampled: `logprobs` [B, C] at the distillation temperature;
+    - full: `logits` [B, C, V] (logits or T=1 log-probs: the loss only uses their softmax);
+    - topk: `topk_ids`, `topk_logprobs` [B, C, k] at T=1, and `logprobs_t1` [B, C] for the
+      reverse-KL metric.
+    """
+
+    logprobs: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+    topk_ids: torch.Tensor | None = None
+    topk_logprobs: torch.Tensor | None = None
+    logprobs_t1: torch.Tensor | None = None
+
+
+@torch.no_grad()
+def local_teacher_tokens(teacher: PreTrainedModel, sb: SequenceBatch, cfg: DistillConfig) -> TeacherTokens:
+    """The teacher's tokens computed in this process (embedded mode)."""
+    if cfg.loss == "sampled":
+        return TeacherTokens(logprobs=completion_logprobs(teacher, sb, cfg.temperature))
+    logits = completion_logits(teacher, sb, 1.0)
+    if cfg.loss == "full":
+        return TeacherTokens(logits=logits)
+    k = min(cfg.topk, logits.shape[-1])
+    # Untempered (T = 1) log-probs: topk_distill_loss applies T itself (tempering here
+    # too would put the teacher at T^2).
+    top_lp, top_ids = torch.log_softmax(logits, dim=-1).topk(k, dim=-1)
+    return TeacherTokens(
+        topk_ids=top_ids, topk_logprobs=top_lp, logprobs_t1=gather_logprobs(logits, sb.completion_ids)
+    )
+
+
+def _pad_rows(rows: list[torch.Tensor], width: int) -> torch.Tensor:
+    """[n_i, ...] rows -> [B, width, ...], zero-padded."""
+    out = torch.zeros((len(rows), width, *rows[0].shape[1:]), dtype=rows[0].dtype)
+    for i, row in enumerate(rows):
+        out[i, : row.shape[0]] = row[:width]
+    return out
+
+
+def remote_teacher_tokens(
+    scores: list[SequenceScores],
+    sb: SequenceBatch,
+    cfg: DistillConfig,
+    t1: list[SequenceScores] | None = None,
+) -> TeacherTokens:
+    """The teacher service's answer (`scores`, in the mode the loss needs; `t1`: sampled-mode
+    scores at T=1, for the top-k loss's reverse-KL metric) on the learner's batch layout."""
+    width = sb.completion_ids.shape[1]
+
+    def pad(name: str, rows: list[SequenceScores]) -> torch.Tensor:
+        values = [getattr(r, name) for r in rows]
+        if any(v is None for v in values):
+            raise ValueError(f"teacher reply lacks {name} for a {cfg.loss} loss")
+        return _pad_rows(values, width)
+
+    if cfg.loss == "sampled":
+        return TeacherTokens(logprobs=pad("logprobs", scores))
+    if cfg.loss == "full":
+        return TeacherTokens(logits=pad("full_logprobs", scores))
+    return TeacherTokens(
+        topk_ids=pad("topk_ids", scores).long(),
+        topk_logprobs=pad("topk_logprobs", scores),
+        logprobs_t1=pad("logprobs", t1) if t1 is not None else None,
+    )
+
+
 def distill_term(
     model: PreTrainedModel,
     teacher: PreTrainedModel,
@@ -122,54 +193,64 @@ def distill_term(
     pad_id: int,
 ) -> LossTerm:
     sb: SequenceBatch = build_batch(samples.prompt_ids, samples.completion_ids, pad_id)
+    return distill_loss_term(model, sb, local_teacher_tokens(teacher, sb, cfg), samples, cfg)
+
+
+def distill_loss_term(
+    model: PreTrainedModel,
+    sb: SequenceBatch,
+    teacher: TeacherTokens,
+    samples: DistillSamples,
+    cfg: DistillConfig,
+) -> LossTerm:
+    """The distillation loss of the student (`model`) against a teacher's tokens."""
     t = cfg.temperature
     if cfg.loss == "sampled":
+        assert teacher.logprobs is not None
         student = completion_logprobs(model, sb, t)
-        with torch.no_grad():
-            teacher_lp = completion_logprobs(teacher, sb, t)
         rollout = None
         if abs(samples.temperature - t) < 1e-9:
             rollout = _padded_logprobs(samples.rollout_logprobs, sb.completion_ids.shape[1])
         out = sampled_distill_loss(
             SampledDistillInput(
                 student_logprobs=student,
-                teacher_logprobs=teacher_lp,
+                teacher_logprobs=teacher.logprobs,
                 mask=sb.completion_mask,
                 rollout_logprobs=rollout,
             )
         )
     else:
         student_logits = completion_logits(model, sb, 1.0)
-        with torch.no_grad():
-            teacher_logits = completion_logits(teacher, sb, 1.0)
+        teacher_lp: torch.Tensor | None
         if cfg.loss == "full":
+            assert teacher.logits is not None
             out = full_distill_loss(
                 FullDistillInput(
                     student_logits=student_logits,
-                    teacher_logits=teacher_logits,
+                    teacher_logits=teacher.logits,
                     mask=sb.completion_mask,
                     temperature=t,
                 )
             )
+            teacher_lp = gather_logprobs(teacher.logits, sb.completion_ids)
         else:
-            k = min(cfg.topk, teacher_logits.shape[-1])
-            # Untempered (T = 1) log-probs: topk_distill_loss applies T itself (tempering here
-            # too would put the teacher at T^2).
-            top_lp, top_ids = torch.log_softmax(teacher_logits, dim=-1).topk(k, dim=-1)
+            assert teacher.topk_ids is not None and teacher.topk_logprobs is not None
             out = topk_distill_loss(
                 TopkDistillInput(
                     student_logits=student_logits,
-                    teacher_topk_ids=top_ids,
-                    teacher_topk_logprobs=top_lp,
+                    teacher_topk_ids=teacher.topk_ids,
+                    teacher_topk_logprobs=teacher.topk_logprobs,
                     mask=sb.completion_mask,
                     temperature=t,
                 )
             )
-        with torch.no_grad():
-            student_lp = gather_logprobs(student_logits, sb.completion_ids)
-            teacher_lp = gather_logprobs(teacher_logits, sb.completion_ids)
-            m = sb.completion_mask
-            out.metrics["reverse_kl"] = float(((student_lp - teacher_lp) * m).sum() / m.sum().clamp(min=1))
+            teacher_lp = teacher.logprobs_t1
+        if teacher_lp is not None:
+            with torch.no_grad():
+                student_lp = gather_logprobs(student_logits, sb.completion_ids)
+                m = sb.completion_mask
+                kl = ((student_lp - teacher_lp) * m).sum() / m.sum().clamp(min=1)
+                out.metrics["reverse_kl"] = float(kl)
     return LossTerm(out.loss, {f"distill_{samples.teacher}_{k}": v for k, v in out.metrics.items()})
 
 

@@ -1,0 +1,158 @@
+"""Redis streams with consumer groups: the distributed mode's data plane.
+
+The learner publishes prompt requests to one stream; rollout workers read them through a
+consumer group (XREADGROUP), so each message goes to one worker and stays *pending* until that
+worker acknowledges it (XACK) after publishing its scored groups to a second stream. A worker
+that dies leaves its messages pending; any live worker takes them over with XAUTOCLAIM once they
+have been idle for `claim_idle_ms`. Delivery is at-least-once, so the learner drops groups whose
+sample ids it has already taken (`SeenSet`, a Redis set: SADD says whether an id is new).
+
+Messages are one JSON object each, in the field `data`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+DATA = "data"
+
+
+@dataclass(frozen=True)
+class StreamKeys:
+    """The keys one run uses under `prefix` (one learner and its workers share a prefix)."""
+
+    prefix: str
+
+    @property
+    def prompts(self) -> str:
+        return f"{self.prefix}:prompts"
+
+    @property
+    def groups(self) -> str:
+        return f"{self.prefix}:groups"
+
+    @property
+    def seen(self) -> str:
+        return f"{self.prefix}:seen"
+
+    def all(self) -> list[str]:
+        return [self.prompts, self.groups, self.seen]
+
+
+@dataclass(frozen=True)
+class Message:
+    id: str
+    data: dict[str, Any]
+    deliveries: int = 1
+    """How many times it has been handed out (2+: redelivered after a consumer died)."""
+
+
+def connect(url: str) -> redis.Redis:
+    return redis.Redis.from_url(url, decode_responses=True, socket_timeout=30, health_check_interval=10)
+
+
+class StreamGroup:
+    """One stream read through one consumer group, as consumer `consumer`."""
+
+    def __init__(self, client: redis.Redis, stream: str, group: str, consumer: str) -> None:
+        self.client = client
+        self.stream = stream
+        self.group = group
+        self.consumer = consumer
+        self.ensure_group()
+
+    def ensure_group(self) -> None:
+        """Create the group (and the stream) if missing; it then sees every message from the start."""
+        try:
+            self.client.xgroup_create(self.stream, self.group, id="0", mkstream=True)
+        except redis.ResponseError as err:
+            if "BUSYGROUP" not in str(err):
+                raise
+
+    def read(self, *, count: int = 1, block_ms: int | None = 1000, pending: bool = False) -> list[Message]:
+        """New messages (`pending=False`) or this consumer's own unacknowledged ones (`True`)."""
+        try:
+            reply = self.client.xreadgroup(
+                self.group,
+                self.consumer,
+                {self.stream: "0" if pending else ">"},
+                count=count,
+                block=None if pending else block_ms,
+            )
+        except redis.ResponseError as err:
+            if not _was_reset(err):
+                raise
+            self.ensure_group()  # the stream was reset under us (a new run on this prefix)
+            return []
+        out: list[Message] = []
+        streams: list[Any] = reply or []  # type: ignore[assignment]
+        for _, entries in streams:
+            for mid, fields in entries:
+                if fields:  # a pending entry whose message was deleted comes back empty
+                    out.append(Message(mid, _decode(fields), 2 if pending else 1))
+        return out
+
+    def claim_stale(self, *, min_idle_ms: int, count: int = 1) -> list[Message]:
+        """Take over messages other consumers left pending for at least `min_idle_ms`."""
+        try:
+            reply = self.client.xautoclaim(
+                self.stream, self.group, self.consumer, min_idle_time=min_idle_ms, start_id="0-0", count=count
+            )
+        except redis.ResponseError as err:
+            if not _was_reset(err):
+                raise
+            self.ensure_group()
+            return []
+        entries = reply[1]
+        return [Message(mid, _decode(fields), 2) for mid, fields in entries if fields]
+
+    def ack(self, *ids: str) -> int:
+        return int(self.client.xack(self.stream, self.group, *ids)) if ids else 0
+
+    def pending_count(self) -> int:
+        info = self.client.xpending(self.stream, self.group)
+        return int(info["pending"])
+
+
+def publish(client: redis.Redis, stream: str, data: dict[str, Any], *, maxlen: int = 100_000) -> str:
+    """Append one message; the stream is trimmed (approximately) to `maxlen` entries."""
+    return str(client.xadd(stream, {DATA: json.dumps(data)}, maxlen=maxlen, approximate=True))
+
+
+def reset(client: redis.Redis, keys: StreamKeys) -> None:
+    """Forget a previous run on these keys (its messages, groups and seen ids)."""
+    client.delete(*keys.all())
+
+
+class SeenSet:
+    """Sample ids already taken by the learner: the idempotence of at-least-once delivery."""
+
+    def __init__(self, client: redis.Redis, key: str) -> None:
+        self.client = client
+        self.key = key
+
+    def take(self, sample_ids: list[str]) -> list[bool]:
+        """Mark the ids seen; True for each id that was new."""
+        if not sample_ids:
+            return []
+        pipe = self.client.pipeline(transaction=False)
+        for sid in sample_ids:
+            pipe.sadd(self.key, sid)
+        return [bool(n) for n in pipe.execute()]
+
+
+def _was_reset(err: redis.ResponseError) -> bool:
+    """The stream or group was deleted (`reset`) while we used it."""
+    text = str(err)
+    return "NOGROUP" in text or "no longer exists" in text or "no such key" in text
+
+
+def _decode(fields: dict[str, str]) -> dict[str, Any]:
+    value = json.loads(fields[DATA])
+    if not isinstance(value, dict):
+        raise ValueError(f"stream message is not a JSON object: {fields[DATA][:80]!r}")
+    return value

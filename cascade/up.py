@@ -1,0 +1,241 @@
+"""`cascade up CONFIG`: the distributed mode as local processes, without the control plane.
+
+Starts the rollout service, the reward service (gRPC front + Celery workers), the teacher
+service, rollout workers and the learner, each in its own session (its pid is its process
+group), on free loopback ports, against the local Redis and the given database. Prints where
+each listens and where it logs; when the learner finishes, or on Ctrl-C / SIGTERM, stops them
+all (SIGTERM to each group, SIGKILL to what lingers), the learner first.
+
+The services are started by module name (`python -m services...`): `cascade` imports none of them.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Proc:
+    name: str
+    argv: list[str]
+    log_path: Path
+    port: int | None = None
+    metrics_port: int | None = None
+    popen: subprocess.Popen[bytes] | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, env: dict[str, str], nice: int = 0) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("wb") as log:
+            self.popen = subprocess.Popen(
+                ["nice", "-n", str(nice), *self.argv] if nice else self.argv,
+                cwd=REPO,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    @property
+    def pid(self) -> int:
+        assert self.popen is not None
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def signal_group(self, sig: signal.Signals) -> None:
+        if self.popen is None:
+            return
+        try:
+            os.killpg(self.popen.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def stop(self, grace_s: float = 8.0) -> None:
+        if self.popen is None:
+            return
+        if self.popen.poll() is None:
+            self.signal_group(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                pass
+        self.signal_group(signal.SIGKILL)  # stragglers of the group, if any
+        if self.popen.poll() is None:
+            self.popen.wait(timeout=10)
+
+
+def wait_serving(proc: Proc, timeout_s: float) -> None:
+    """Until the gRPC health check of `proc` answers SERVING (or it exits, or time runs out)."""
+    deadline = time.monotonic() + timeout_s
+    with grpc.insecure_channel(proc.address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while True:
+            if not proc.alive():
+                raise RuntimeError(f"{proc.name} exited:\n{proc.log()[-3000:]}")
+            try:
+                reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{proc.name} not serving within {timeout_s}s:\n{proc.log()[-3000:]}")
+            time.sleep(0.2)
+
+
+@dataclass
+class LocalStack:
+    """The processes of one distributed run (build, `start()`, `wait()`, `stop()`)."""
+
+    config: Path
+    model: Path
+    run_dir: Path
+    log_dir: Path
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    db: str | None = None
+    stream_prefix: str = "cascade:up"
+    workers: int = 2
+    celery_workers: int = 1
+    fresh: bool = False
+    distill: bool = True
+    nice: int = 0
+    claim_idle_ms: int = 30_000
+    worker_flags: dict[int, list[str]] = field(default_factory=dict)
+    """Extra flags for worker i (fault-injection tests)."""
+    python: str = sys.executable
+    procs: dict[str, Proc] = field(default_factory=dict)
+
+    def _env(self, **extra: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CASCADE_REWARD_")}
+        env.update(
+            PYTHONUNBUFFERED="1",
+            OMP_NUM_THREADS="1",
+            MKL_NUM_THREADS="1",
+            TOKENIZERS_PARALLELISM="false",
+            CASCADE_REWARD_BROKER_URL=self.redis_url,
+            **extra,
+        )
+        return env
+
+    def _service(self, name: str, module: str, *flags: str) -> Proc:
+        port, metrics = free_port(), free_port()
+        argv = [self.python, "-m", module, "--host", "127.0.0.1", "--port", str(port)]
+        argv += ["--metrics-port", str(metrics), *flags]
+        proc = Proc(name, argv, self.log_dir / f"{name}.log", port, metrics)
+        self.procs[name] = proc
+        return proc
+
+    def start_services(self, timeout_s: float = 180.0) -> None:
+        rollout = self._service("rollout", "services.rollout.main", "--model", str(self.model))
+        rollout.argv += ["--torch-threads", "1"]
+        reward = self._service("reward", "services.reward.main", "--broker-url", self.redis_url)
+        teacher = self._service("teacher", "services.teacher.main", "--torch-threads", "1")
+        for proc in (rollout, reward, teacher):
+            proc.start(self._env(), self.nice)
+        for i in range(self.celery_workers):
+            argv = [self.python, "-m", "celery", "-A", "services.reward.tasks", "worker", "-l", "INFO"]
+            argv += ["--concurrency", "1", "--hostname", f"up{i}-{os.getpid()}@%h"]
+            argv += ["--without-gossip", "--without-mingle", "--without-heartbeat"]
+            proc = Proc(f"celery-{i}", argv, self.log_dir / f"celery-{i}.log")
+            self.procs[proc.name] = proc
+            proc.start(self._env(), self.nice)
+        for proc in (rollout, reward, teacher):
+            wait_serving(proc, timeout_s)
+
+    def worker(self, i: int) -> Proc:
+        name = f"worker-{i}"
+        argv = [self.python, "-m", "services.rollout.worker", "--redis-url", self.redis_url]
+        argv += ["--stream-prefix", self.stream_prefix, "--rollout", self.procs["rollout"].address]
+        argv += ["--reward", self.procs["reward"].address, "--tokenizer", str(self.model)]
+        argv += ["--name", name, "--claim-idle-ms", str(self.claim_idle_ms), *self.worker_flags.get(i, [])]
+        proc = Proc(name, argv, self.log_dir / f"{name}.log")
+        self.procs[name] = proc
+        proc.start(self._env(), self.nice)
+        return proc
+
+    def start_learner(self) -> Proc:
+        argv = [self.python, "-m", "services.learner.main", str(self.config), "--run-dir", str(self.run_dir)]
+        argv += ["--redis-url", self.redis_url, "--stream-prefix", self.stream_prefix]
+        argv += ["--rollout", self.procs["rollout"].address, "--teacher", self.procs["teacher"].address]
+        if self.db:
+            argv += ["--db", self.db]
+        if self.fresh:
+            argv.append("--fresh")
+        if not self.distill:
+            argv.append("--no-distill")
+        proc = Proc("learner", argv, self.log_dir / "learner.log")
+        self.procs["learner"] = proc
+        proc.start(self._env(), self.nice)
+        return proc
+
+    def start(self) -> None:
+        self.start_services()
+        for i in range(self.workers):
+            self.worker(i)
+        self.start_learner()
+
+    def wait(self, timeout_s: float | None = None, echo: bool = False) -> int:
+        """Until the learner exits (its return code); `echo`: copy its log lines to stdout."""
+        learner = self.procs["learner"]
+        assert learner.popen is not None
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        shown = 0
+        while True:
+            if echo:
+                text = learner.log()
+                sys.stdout.write(text[shown:])
+                sys.stdout.flush()
+                shown = len(text)
+            code = learner.popen.poll()
+            if code is not None:
+                return code
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"learner still running after {timeout_s}s:\n{learner.log()[-3000:]}")
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        order = ["learner", *sorted(n for n in self.procs if n.startswith("worker")), "teacher", "rollout"]
+        order += [n for n in self.procs if n not in order]
+        for name in order:
+            if name in self.procs:
+                self.procs[name].stop()
+
+    def stop_run(self) -> None:
+        """Stop the learner and the workers only (the services stay up for another run)."""
+        for name in ["learner", *sorted(n for n in self.procs if n.startswith("worker"))]:
+            proc = self.procs.pop(name, None)
+            if proc is not None:
+                proc.stop()
+
+    def describe(self) -> str:
+        lines = []
+        for p in self.procs.values():
+            where = f"grpc {p.address}  metrics http://127.0.0.1:{p.metrics_port}" if p.port else ""
+            lines.append(f"  {p.name:<9} pid {p.pid:<7} {where:<48} log {p.log_path}")
+        return "\n".join(lines)

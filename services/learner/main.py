@@ -1,0 +1,90 @@
+"""`cascade-learner` / `python -m services.learner.main`: the learner of the distributed mode.
+
+Runs a cascade config's stages with rollouts from the rollout workers (Redis streams), weights
+pushed to the rollout service, teacher log-probs from the teacher service, and stage state,
+metrics, evals and checkpoints in the store (Postgres with `--db`). Arguments are parsed before
+torch or transformers are imported, so `--help` and bad flags answer at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="cascade-learner", description=__doc__.splitlines()[0])
+    p.add_argument("config", type=Path, help="cascade YAML file")
+    p.add_argument(
+        "--run-dir", type=Path, help="checkpoints, weights, teachers (default: <output_dir>/<name>)"
+    )
+    p.add_argument("--db", help="SQLAlchemy URL for stage state and metrics (default: SQLite in the run dir)")
+    p.add_argument("--redis-url", default="redis://127.0.0.1:6379/0", help="default: %(default)s")
+    p.add_argument(
+        "--stream-prefix", help="Redis key prefix shared with the rollout workers (default: cascade:<name>)"
+    )
+    p.add_argument("--rollout", required=True, help="rollout service address host:port")
+    p.add_argument("--teacher", help="teacher service address host:port (needed when a stage distils)")
+    p.add_argument("--no-distill", action="store_true", help="ablation: no distillation in any stage")
+    p.add_argument("--fresh", action="store_true", help="delete the run directory first")
+    p.add_argument("--cascade-id", type=int, help="run a cascade created through the control plane (in --db)")
+    p.add_argument("--torch-threads", type=int, default=1, help="torch threads (default: %(default)s)")
+    args = p.parse_args(argv)
+    if not args.config.is_file():
+        p.error(f"config: {args.config} is not a file")
+    if args.torch_threads < 1:
+        p.error("--torch-threads must be at least 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from cascade.config import ConfigError, load_cascade_config
+
+    try:
+        cfg = load_cascade_config(args.config)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    import torch
+
+    torch.set_num_threads(args.torch_threads)
+    from services.learner.learner import DistributedLearner
+
+    def log(line: str) -> None:
+        print(line, flush=True)
+
+    learner = DistributedLearner(
+        cfg,
+        run_dir=args.run_dir or cfg.output_dir / cfg.name,
+        db_url=args.db,
+        distill=not args.no_distill,
+        fresh=args.fresh,
+        log=log,
+        cascade_id=args.cascade_id,
+        redis_url=args.redis_url,
+        stream_prefix=args.stream_prefix or f"cascade:{cfg.name}",
+        rollout=args.rollout,
+        teacher=args.teacher,
+    )
+    try:
+        result = learner.run()
+    except KeyboardInterrupt:
+        log("learner interrupted")
+        return 130
+    finally:
+        learner.close()
+    log(f"learner done ({result.stopped_by}); report: {result.report_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,172 @@
+"""`python -m services.rollout.worker`: a rollout worker of the distributed mode.
+
+Reads prompt requests from the run's Redis stream through the consumer group `rollout`, has the
+rollout service generate each request's groups (gRPC Generate, seeded per request), has the
+reward service score them (gRPC Score), publishes the scored chunk to the groups stream, and
+only then acknowledges the request. Before reading new requests it retries its own pending ones
+and takes over requests other workers left pending for `--claim-idle-ms` (a worker that died
+mid-batch). Holds no model: only the tokenizer, to turn completion tokens into text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("cascade.rollout.worker")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="cascade-rollout-worker", description=__doc__.splitlines()[0])
+    p.add_argument("--redis-url", default="redis://127.0.0.1:6379/0", help="default: %(default)s")
+    p.add_argument("--stream-prefix", required=True, help="the run's key prefix (as the learner's)")
+    p.add_argument("--rollout", required=True, help="rollout service address host:port")
+    p.add_argument("--reward", required=True, help="reward service address host:port")
+    p.add_argument("--tokenizer", required=True, type=Path, help="model directory holding the tokenizer")
+    p.add_argument("--name", default=None, help="consumer name (default: <host>-<pid>)")
+    p.add_argument(
+        "--claim-idle-ms",
+        type=int,
+        default=30_000,
+        help="take over requests pending this long at a dead worker (default: %(default)s)",
+    )
+    p.add_argument("--block-ms", type=int, default=500, help="wait for new requests (default: %(default)s)")
+    p.add_argument(
+        "--fault-hold-s",
+        type=float,
+        default=0.0,
+        help="fault-injection tests only: sleep this long with the first request taken, at --fault-at",
+    )
+    p.add_argument("--fault-at", choices=["before_generate", "before_ack"], default="before_generate")
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    args = p.parse_args(argv)
+    if not args.tokenizer.is_dir():
+        p.error(f"--tokenizer: {args.tokenizer} is not a directory")
+    if args.claim_idle_ms < 1:
+        p.error("--claim-idle-ms must be positive")
+    args.name = args.name or f"{socket.gethostname()}-{os.getpid()}"
+    return args
+
+
+class Worker:
+    def __init__(self, args: argparse.Namespace) -> None:
+        from cascade.model.loading import load_tokenizer
+        from cascade.transport.redis_streams import StreamGroup, StreamKeys, connect
+        from cascade.transport.reward_client import RewardClient
+        from cascade.transport.rollout_client import RolloutClient
+
+        self.args = args
+        self.keys = StreamKeys(args.stream_prefix)
+        self.redis = connect(args.redis_url)
+        self.requests = StreamGroup(self.redis, self.keys.prompts, "rollout", args.name)
+        self.rollout = RolloutClient(args.rollout)
+        self.reward = RewardClient(args.reward)
+        self.tokenizer = load_tokenizer(args.tokenizer)
+        self.stopping = False
+        self.faulted = False
+
+    def run(self) -> None:
+        log.info("worker %s consuming %s", self.args.name, self.keys.prompts)
+        while not self.stopping:
+            try:
+                messages = self.next_messages()
+            except Exception:  # Redis restarting, a reset stream: try again shortly
+                log.exception("reading requests failed; retrying")
+                time.sleep(1.0)
+                continue
+            for message in messages:
+                try:
+                    self.handle(message.id, message.data)
+                except Exception:  # the request stays pending: retried next loop
+                    log.exception("request %s failed; retrying", message.id)
+                    time.sleep(1.0)
+
+    def next_messages(self) -> list[Any]:
+        """Own pending requests first (a failed attempt), then ones a dead worker left, then new."""
+        messages = self.requests.read(pending=True, count=1)
+        if not messages:
+            messages = self.requests.claim_stale(min_idle_ms=self.args.claim_idle_ms, count=1)
+            if messages:
+                log.info("claimed %s left pending by another worker", messages[0].id)
+        if not messages:
+            messages = self.requests.read(count=1, block_ms=self.args.block_ms)
+        return messages
+
+    def _fault(self, where: str) -> None:
+        if self.args.fault_hold_s > 0 and not self.faulted and self.args.fault_at == where:
+            self.faulted = True
+            log.info("fault hold %s (%.1fs)", where, self.args.fault_hold_s)
+            time.sleep(self.args.fault_hold_s)
+
+    def handle(self, message_id: str, data: dict[str, Any]) -> None:
+        from cascade.engine.base import SamplingSettings
+        from cascade.rollout import apply_overlong
+        from cascade.transport.redis_streams import publish
+        from cascade.transport.rollout_messages import PromptRequest, ScoredChunk
+
+        req = PromptRequest.from_json(data)
+        log.info("took %s: batch %d request %d", message_id, req.batch, req.index)
+        self._fault("before_generate")
+        t0 = time.perf_counter()
+        sampling = SamplingSettings(
+            max_tokens=req.max_tokens, temperature=req.temperature, top_p=req.top_p, seed=req.seed
+        )
+        remote = self.rollout.generate(req.prompt_ids, group_size=req.group_size, sampling=sampling)
+        gen = remote.result.generation
+        t_gen = time.perf_counter()
+        texts = self.tokenizer.batch_decode(gen.completion_ids, skip_special_tokens=True)
+        problems = [p for p in req.problem_objects() for _ in range(req.group_size)]
+        verdicts = self.reward.score(req.domain, problems, texts, reward_config=req.reward_config)
+        verdicts = apply_overlong(verdicts, gen.finish_reasons, req.overlong)
+        t_score = time.perf_counter()
+        chunk = ScoredChunk(
+            batch=req.batch,
+            index=req.index,
+            worker=self.args.name,
+            engine_version=remote.result.version,
+            sample_ids=req.sample_ids,
+            completion_ids=gen.completion_ids,
+            logprobs=gen.logprobs,
+            finish_reasons=gen.finish_reasons,
+            texts=texts,
+            verdicts=[(v.reward, v.reason, v.detail) for v in verdicts],
+            timings={"generate_s": t_gen - t0, "score_s": t_score - t_gen},
+        )
+        publish(self.redis, self.keys.groups, chunk.to_json())
+        self._fault("before_ack")
+        self.requests.ack(message_id)
+        log.info("published batch %d request %d (engine v%d)", req.batch, req.index, remote.result.version)
+
+    def close(self) -> None:
+        self.rollout.close()
+        self.reward.close()
+        self.redis.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    worker = Worker(args)
+
+    def on_signal(signum: int, frame: Any) -> None:
+        log.info("signal %d: stopping after the current request", signum)
+        worker.stopping = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        worker.run()
+    finally:
+        worker.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
