@@ -6,7 +6,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from cascade.config import ChatConfig
-from cascade.domains.base import Domain, Problem
+from cascade.domains.base import Domain, Problem, score_for_eval
 from cascade.model.loading import Policy
 from cascade.rollout import sample_completions
 
@@ -46,7 +46,7 @@ def evaluate_domain(
             greedy=True,
         )
         texts = policy.tokenizer.batch_decode(gen.completion_ids, skip_special_tokens=True)
-        for v in domain.score_batch(chunk, texts):
+        for v in score_for_eval(domain, chunk, texts):
             if v.is_infra_error:
                 reasons[v.reason] += 1
                 continue

@@ -63,7 +63,7 @@ def make_domain(domain_config: DomainConfig) -> Domain:
             max_length=reward.max_length,
             shaping=reward.shaping,
         )
-        return RlhfDomain(scorer)
+        return RlhfDomain(scorer, baseline=reward.baseline)
     raise ValueError(f"unknown domain {domain_config.name!r}")
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 # Reasons a verdict can carry. `infra_error` means the verifier itself failed: it is never a
 # reward of 0 for the sample; the learner drops (or retries) such samples.
@@ -59,3 +59,20 @@ class Domain(Protocol):
     def score_batch(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[RewardVerdict]:
         """Score completions (text after the chat template, thinking block included)."""
         ...
+
+
+@runtime_checkable
+class EvalScoring(Protocol):
+    """A domain whose eval score differs from its training reward (e.g. rlhf with per-group
+    shaping, which is meaningless for an eval's one completion per problem)."""
+
+    def eval_batch(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[RewardVerdict]: ...
+
+
+def score_for_eval(
+    domain: Domain, problems: Sequence[Problem], completions: Sequence[str]
+) -> list[RewardVerdict]:
+    """The verdicts an eval records: `eval_batch` where the domain has one, else `score_batch`."""
+    if isinstance(domain, EvalScoring):
+        return domain.eval_batch(problems, completions)
+    return domain.score_batch(problems, completions)

@@ -14,9 +14,17 @@ thought never changes its reward. Scores are raw (unbounded) scalars.
 * `infra_error`: the reward model failed on the completion's mini-batch; reward 0.0, which
   the learner must not use as a reward (it drops or retries such samples).
 
+Baseline (`baseline="reference"`): the reward is `sigmoid(score - reference score)`, where the
+reference score is the reward model's score of the problem's reference answer (cached per
+problem): the Bradley-Terry probability that the response beats the reference, in (0, 1), 0.5
+when it is as good. `no_answer` is then 0.0, and a failure to score the reference is an
+`infra_error` of the completions that needed it.
+
 Shaping (`shaping="group_tanh"`): the rewards of each group (a run of consecutive completions
 of the same problem id, as the rollout engine lays out a GRPO group) are z-scored and squashed
-with tanh (`shape_group`); infra errors are left out of the group statistics.
+with tanh (`shape_group`); infra errors are left out of the group statistics. Shaping is a
+training signal, not a score: `eval_batch` (what evals call) is `score_batch` without it, since
+an eval has one completion per problem and a shaped group of one is always 0.
 """
 
 from __future__ import annotations
@@ -31,10 +39,11 @@ import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from cascade.domains.base import INFRA_ERROR, NO_ANSWER, OK, Problem, RewardVerdict
-from cascade.domains.common import strip_thinking
+from cascade.domains.common import LruCache, strip_thinking
 from cascade.model.reward_model import format_rm_input, make_rlhf_problems
 
 Shaping = Literal["none", "group_tanh"]
+Baseline = Literal["none", "reference"]
 
 SHAPE_EPS = 1e-6
 """A group whose (population) standard deviation is at most this is treated as all-equal."""
@@ -159,13 +168,46 @@ class RlhfDomain:
 
     name = "rlhf"
 
-    def __init__(self, scorer: RewardModelScorer) -> None:
+    def __init__(self, scorer: RewardModelScorer, *, baseline: Baseline = "none") -> None:
+        if baseline not in ("none", "reference"):
+            raise ValueError(f"unknown baseline {baseline!r}; expected 'none' or 'reference'")
         self.scorer = scorer
+        self.baseline: Baseline = baseline
+        self._reference_cache: LruCache[tuple[str, str], float] = LruCache(4096)
 
     def make_problems(self, split: str, n: int, seed: int) -> list[Problem]:
         return make_rlhf_problems(split, n, seed)
 
     def score_batch(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[RewardVerdict]:
+        """Training rewards: scored, baselined, then shaped per group (see the module docstring)."""
+        return self._score(problems, completions, shape=self.scorer.shaping == "group_tanh")
+
+    def eval_batch(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[RewardVerdict]:
+        """Eval scores: `score_batch` without group shaping."""
+        return self._score(problems, completions, shape=False)
+
+    def _reference_scores(self, problems: Sequence[Problem]) -> dict[tuple[str, str], float]:
+        """Reward-model scores of the problems' reference answers (raises on model failure)."""
+        keys = list(dict.fromkeys((p.prompt, p.answer) for p in problems))
+        out: dict[tuple[str, str], float] = {}
+        todo = []
+        for key in keys:
+            cached = self._reference_cache.get(key)
+            if cached is None:
+                todo.append(key)
+            else:
+                out[key] = cached
+        for start in range(0, len(todo), self.scorer.batch_size):
+            chunk = todo[start : start + self.scorer.batch_size]
+            scores = self.scorer.score_chunk([k[0] for k in chunk], [k[1] for k in chunk])
+            for key, score in zip(chunk, scores, strict=True):
+                self._reference_cache.put(key, score)
+                out[key] = score
+        return out
+
+    def _score(
+        self, problems: Sequence[Problem], completions: Sequence[str], *, shape: bool
+    ) -> list[RewardVerdict]:
         if len(problems) != len(completions):
             raise ValueError(f"{len(problems)} problems but {len(completions)} completions")
         n = len(problems)
@@ -192,17 +234,44 @@ class RlhfDomain:
                 continue
             for i, s in zip(idx, scores, strict=True):
                 rewards[i] = s
+        if self.baseline == "reference":
+            self._apply_reference(problems, rewards, reasons, details)
         scored = [r for r, why in zip(rewards, reasons, strict=True) if why == OK and r is not None]
-        floor = min(scored) if scored else NO_ANSWER_FALLBACK
+        if self.baseline == "reference":
+            floor = 0.0
+        else:
+            floor = min(scored) if scored else NO_ANSWER_FALLBACK
         values = [
             floor if reasons[i] == NO_ANSWER else (rewards[i] if reasons[i] == OK else None) for i in range(n)
         ]
-        if self.scorer.shaping == "group_tanh":
+        if shape:
             values = self._shape(problems, values)
         return [
             RewardVerdict(0.0 if v is None else float(v), reasons[i], details[i])
             for i, v in enumerate(values)
         ]
+
+    def _apply_reference(
+        self,
+        problems: Sequence[Problem],
+        rewards: list[float | None],
+        reasons: list[str],
+        details: list[str],
+    ) -> None:
+        """In place: each scored reward becomes sigmoid(score - reference score)."""
+        idx = [i for i, r in enumerate(rewards) if reasons[i] == OK and r is not None]
+        try:
+            refs = self._reference_scores([problems[i] for i in idx])
+        except Exception as err:  # the reference could not be scored: not the completion's fault
+            for i in idx:
+                rewards[i] = None
+                reasons[i], details[i] = INFRA_ERROR, f"reference score failed: {type(err).__name__}: {err}"
+            return
+        for i in idx:
+            score = rewards[i]
+            assert score is not None
+            margin = score - refs[(problems[i].prompt, problems[i].answer)]
+            rewards[i] = 1.0 / (1.0 + math.exp(-max(min(margin, 60.0), -60.0)))
 
     @staticmethod
     def _shape(problems: Sequence[Problem], values: list[float | None]) -> list[float | None]:

@@ -5,6 +5,14 @@ Trains a tokenizer on the synthetic data, creates a small Qwen3 causal LM (a rea
 domain until a stopping rule says it is a useful RL starting point: every domain at or above
 `floor`, none meant to be near perfect. Domains that pass `ceiling` get a smaller share of the
 SFT mix, because the useful window is narrow (8% -> 80% within 100 steps was seen here).
+
+Two named specs (`SPECS`): `tiny` (the default: math, code, if; what `make demo` runs on) and
+`full` (all five domains in the paper's order, what `make demo-full` runs on). The `full` one
+needs a reward model to score its "rlhf" validation problems: `cascade model init --spec full`
+builds the tiny one first (`reward_model.build_tiny_reward_model`) into `<out>/reward_model`.
+Its swe prompts (a whole Python file) and patches are long, so it has a larger vocabulary and
+context, batches one domain at a time (a swe example would otherwise pad every batch to ~350
+tokens), and its stop rule has one floor per domain plus a step bound.
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from cascade.config import ChatConfig, DomainConfig
+from cascade.config import ChatConfig, DomainConfig, RlhfReward
 from cascade.domains import make_domain
 from cascade.domains.base import Domain, Problem
 from cascade.engine.batch import build_batch
@@ -64,6 +72,68 @@ class TinyModelSpec:
     domains: tuple[str, ...] = TINY_DOMAINS
     mix: tuple[float, ...] = (3.0, 2.0, 1.0)
     """SFT sampling weight per domain (arithmetic needs the most steps, IF the fewest)."""
+    floors: tuple[float, ...] = ()
+    """Per-domain floors of the stop rule, aligned with `domains`; empty = `floor` for each."""
+    ceilings: tuple[float, ...] = ()
+    """Per-domain ceilings, aligned with `domains`; empty = `ceiling` for each."""
+    sft_problems: tuple[int, ...] = ()
+    """Per-domain SFT problem counts, aligned with `domains`; empty = `sft_problems_per_domain`
+    for each (the rlhf generator holds only ~220 "sft" prompts)."""
+    batch_by_domain: bool = False
+    """Draw each step's domain by `mix`, then a whole batch from it (instead of mixing domains
+    in a batch), so short examples are not padded to the longest domain's length."""
+    batch_sizes: tuple[int, ...] = ()
+    """With `batch_by_domain`: per-domain batch sizes aligned with `domains` (empty = `batch_size`)."""
+    eval_max_new_tokens: int = 48
+    """Greedy budget of the validation evals (a swe patch needs ~110 tokens)."""
+
+    def __post_init__(self) -> None:
+        for name in ("mix", "floors", "ceilings", "sft_problems", "batch_sizes"):
+            value = getattr(self, name)
+            if value and len(value) != len(self.domains):
+                raise ValueError(f"{name} has {len(value)} entries for {len(self.domains)} domains")
+
+    def floor_of(self, domain: str) -> float:
+        return self.floors[self.domains.index(domain)] if self.floors else self.floor
+
+    def ceiling_of(self, domain: str) -> float:
+        return self.ceilings[self.domains.index(domain)] if self.ceilings else self.ceiling
+
+    def sft_count(self, domain: str) -> int:
+        if not self.sft_problems:
+            return self.sft_problems_per_domain
+        return self.sft_problems[self.domains.index(domain)]
+
+    def batch_size_of(self, domain: str) -> int:
+        return self.batch_sizes[self.domains.index(domain)] if self.batch_sizes else self.batch_size
+
+
+FULL_DOMAINS = ("rlhf", "if", "math", "code", "swe")
+"""The paper's stage order (RLHF -> IF -> math -> code -> SWE)."""
+
+FULL_SPEC = TinyModelSpec(
+    vocab_size=768,
+    max_positions=384,
+    domains=FULL_DOMAINS,
+    mix=(0.5, 1.5, 3.5, 2.0, 1.0),
+    floors=(0.2, 0.2, 0.2, 0.2, 0.2),
+    # rlhf's win probability against the reference tops out near 0.5 (the reference is what
+    # SFT imitates), so it is held lower to leave RL room; swe is never held back (its patch
+    # format collapses within ~100 steps of a reduced share, which made it swing -18% <-> 83%).
+    ceilings=(0.35, 0.6, 0.6, 0.6, 2.0),
+    sft_problems=(150, 3000, 3000, 3000, 3000),
+    batch_by_domain=True,
+    batch_sizes=(48, 48, 48, 48, 16),
+    eval_max_new_tokens=112,
+    max_steps=1000,
+)
+"""All five toy domains; see the module docstring."""
+
+SPECS: dict[str, TinyModelSpec] = {"tiny": TinyModelSpec(), "full": FULL_SPEC}
+"""Named specs for `cascade model init --spec`."""
+
+REWARD_MODEL_SUBDIR = "reward_model"
+"""Where `cascade model init` puts the reward model a spec with "rlhf" needs (inside `--out`)."""
 
 
 @dataclass
@@ -97,18 +167,26 @@ def greedy_scores(
     }
 
 
+def sft_domain_config(name: str, reward_model: Path | None = None) -> DomainConfig:
+    """The domain config SFT uses: default rewards; "rlhf" scores against its reference answer."""
+    if name != "rlhf":
+        return DomainConfig(name=name)
+    if reward_model is None:
+        raise ValueError("the rlhf domain needs a reward model (build one with build_tiny_reward_model)")
+    return DomainConfig(name="rlhf", reward=RlhfReward(model_path=reward_model, baseline="reference"))
+
+
 def _sft_split(
-    spec: TinyModelSpec,
+    spec: TinyModelSpec, reward_model: Path | None = None
 ) -> tuple[dict[str, Domain], dict[str, list[Problem]], dict[str, list[Problem]]]:
-    domains = {n: make_domain(DomainConfig(name=n)) for n in spec.domains}
+    domains = {n: make_domain(sft_domain_config(n, reward_model)) for n in spec.domains}
     sft: dict[str, list[Problem]] = {}
     val: dict[str, list[Problem]] = {}
     for name, dom in domains.items():
-        probs = dom.make_problems(
-            "sft", spec.sft_problems_per_domain + spec.val_problems_per_domain, spec.seed
-        )
-        sft[name] = probs[: spec.sft_problems_per_domain]
-        val[name] = probs[spec.sft_problems_per_domain :]
+        n_sft = spec.sft_count(name)
+        probs = dom.make_problems("sft", n_sft + spec.val_problems_per_domain, spec.seed)
+        sft[name] = probs[:n_sft]
+        val[name] = probs[n_sft:]
     return domains, sft, val
 
 
@@ -146,9 +224,11 @@ def init_tokenizer_and_model(
     return tokenizer, model
 
 
-def save_untrained_model(out_dir: Path, spec: TinyModelSpec = TinyModelSpec()) -> Path:
+def save_untrained_model(
+    out_dir: Path, spec: TinyModelSpec = TinyModelSpec(), reward_model: Path | None = None
+) -> Path:
     """A random (untrained) tiny model: the fast fixture for plumbing tests."""
-    _, sft, _ = _sft_split(spec)
+    _, sft, _ = _sft_split(spec, reward_model)
     tokenizer, model = init_tokenizer_and_model(spec, sft)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
@@ -156,10 +236,13 @@ def save_untrained_model(out_dir: Path, spec: TinyModelSpec = TinyModelSpec()) -
     return out_dir
 
 
-def build_tiny_model(out_dir: Path, spec: TinyModelSpec = TinyModelSpec(), log=print) -> SftLog:
+def build_tiny_model(
+    out_dir: Path, spec: TinyModelSpec = TinyModelSpec(), log=print, reward_model: Path | None = None
+) -> SftLog:
+    """SFT a fresh tiny model on the spec's domains (a spec with "rlhf" needs `reward_model`)."""
     rng = random.Random(spec.seed)
     chat = ChatConfig()
-    domains, sft, val = _sft_split(spec)
+    domains, sft, val = _sft_split(spec, reward_model)
     tokenizer, model = init_tokenizer_and_model(spec, sft)
     eos_text = tokenizer.eos_token
     n_params = sum(p.numel() for p in model.parameters())
@@ -180,7 +263,11 @@ def build_tiny_model(out_dir: Path, spec: TinyModelSpec = TinyModelSpec(), log=p
     model.train()
     for step in range(1, spec.max_steps + 1):
         names = list(weights)
-        picks = rng.choices(names, weights=[weights[n] for n in names], k=spec.batch_size)
+        if spec.batch_by_domain:
+            name = rng.choices(names, weights=[weights[n] for n in names])[0]
+            picks = [name] * spec.batch_size_of(name)
+        else:
+            picks = rng.choices(names, weights=[weights[n] for n in names], k=spec.batch_size)
         pairs = [encode(rng.choice(sft[n]), rng.random() < spec.thinking_fraction) for n in picks]
         batch = build_batch([p for p, _ in pairs], [c for _, c in pairs], tokenizer.pad_token_id)
         logits = completion_logits(model, batch)
@@ -193,7 +280,7 @@ def build_tiny_model(out_dir: Path, spec: TinyModelSpec = TinyModelSpec(), log=p
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optim.step()
         if step % spec.eval_every == 0:
-            scores = greedy_scores(model, tokenizer, chat, domains, val)
+            scores = greedy_scores(model, tokenizer, chat, domains, val, spec.eval_max_new_tokens)
             model.train()
             result.history.append({"step": step, "loss": float(loss.detach()), **scores})
             log(
@@ -201,16 +288,21 @@ def build_tiny_model(out_dir: Path, spec: TinyModelSpec = TinyModelSpec(), log=p
                 + " ".join(f"{k} {v:.0%}" for k, v in scores.items())
             )
             for name, score in scores.items():
-                weights[name] = spec.ceiling_weight if score >= spec.ceiling else base_weights[name]
-            if step >= spec.min_steps and min(scores.values()) >= spec.floor:
-                result.stopped_by = f"every domain >= floor {spec.floor}"
+                weights[name] = spec.ceiling_weight if score >= spec.ceiling_of(name) else base_weights[name]
+            if step >= spec.min_steps and all(v >= spec.floor_of(k) for k, v in scores.items()):
+                floors = {spec.floor_of(n) for n in spec.domains}
+                result.stopped_by = (
+                    f"every domain >= floor {spec.floor}"
+                    if floors == {spec.floor}
+                    else "every domain >= its floor"
+                )
                 result.final_scores = scores
                 result.steps = step
                 break
     else:
         result.stopped_by = "max_steps"
         result.steps = spec.max_steps
-        result.final_scores = greedy_scores(model, tokenizer, chat, domains, val)
+        result.final_scores = greedy_scores(model, tokenizer, chat, domains, val, spec.eval_max_new_tokens)
 
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)

@@ -175,3 +175,52 @@ def test_rlhf_domain_from_config(rm_build: tuple[Path, dict[str, Any]]) -> None:
     assert verdicts[0].reason == "ok" and verdicts[1].reason == "no_answer"
     # An empty answer gets the batch's lowest score: here the only scored completion's.
     assert verdicts[1].reward == pytest.approx(verdicts[0].reward)
+
+
+def test_reference_baseline_is_bradley_terry_win_probability(scorer: RewardModelScorer) -> None:
+    domain = RlhfDomain(scorer, baseline="reference")
+    a, b = make_rlhf_problems("eval", 2, 0)
+    completions = [a.answer, a.meta["rejected"][0], "", b.meta["rejected"][2]]
+    verdicts = domain.score_batch([a, a, a, b], completions)
+    raw = scorer.score(
+        [a.prompt, a.prompt, b.prompt, a.prompt, b.prompt],
+        [*completions[:2], completions[3], a.answer, b.answer],
+    )
+    ref_a, ref_b = raw[3], raw[4]
+    assert verdicts[0].reward == pytest.approx(0.5, abs=1e-6)  # the reference itself: a coin flip
+    assert verdicts[1].reward == pytest.approx(1 / (1 + math.exp(-(raw[1] - ref_a))), abs=1e-5)
+    assert verdicts[1].reward < 0.5  # rude loses to the reference
+    assert (verdicts[2].reason, verdicts[2].reward) == (NO_ANSWER, 0.0)  # the lowest possible
+    assert verdicts[3].reward == pytest.approx(1 / (1 + math.exp(-(raw[2] - ref_b))), abs=1e-5)
+    assert all(0.0 <= v.reward <= 1.0 for v in verdicts)
+    with pytest.raises(ValueError, match="baseline"):
+        RlhfDomain(scorer, baseline="mean")  # type: ignore[arg-type]
+
+
+def test_reference_failure_is_infra_error(scorer: RewardModelScorer, monkeypatch) -> None:
+    domain = RlhfDomain(scorer, baseline="reference")
+    p = make_rlhf_problems("eval", 1, 0)[0]
+    real = scorer.score_chunk
+
+    def fail_on_reference(prompts, responses):
+        if p.answer in responses:
+            raise RuntimeError("reference broke")
+        return real(prompts, responses)
+
+    monkeypatch.setattr(scorer, "score_chunk", fail_on_reference)
+    verdicts = domain.score_batch([p], [p.meta["rejected"][0]])
+    assert verdicts[0].is_infra_error and "reference broke" in verdicts[0].detail
+
+
+def test_eval_is_unshaped_even_when_training_is_shaped(rm_build: tuple[Path, dict[str, Any]]) -> None:
+    """An eval has one completion per problem: shaped, every score would be 0."""
+    from cascade.domains.base import score_for_eval
+
+    shaped = RlhfDomain(RewardModelScorer(rm_build[0], shaping="group_tanh"))
+    raw = RlhfDomain(RewardModelScorer(rm_build[0]))
+    problems = make_rlhf_problems("eval", 3, 0)
+    completions = [problems[0].answer, problems[1].meta["rejected"][0], problems[2].meta["rejected"][1]]
+    assert [v.reward for v in shaped.score_batch(problems, completions)] == [0.0, 0.0, 0.0]
+    expected = [v.reward for v in raw.score_batch(problems, completions)]
+    assert [v.reward for v in score_for_eval(shaped, problems, completions)] == pytest.approx(expected)
+    assert len(set(expected)) == 3

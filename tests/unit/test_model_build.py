@@ -60,3 +60,82 @@ def test_tokenizer_splits_digits_and_round_trips(built: Path) -> None:
 def test_not_a_model_directory_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ModelLoadError, match="no config.json"):
         load_policy(tmp_path)
+
+
+# --------------------------------------------------------------------------- the five-domain spec
+
+
+def test_default_spec_unchanged_and_full_spec_in_paper_order() -> None:
+    from cascade.model.build import FULL_SPEC, SPECS
+
+    assert SPECS["tiny"] == TinyModelSpec()
+    tiny = TinyModelSpec()
+    assert tiny.domains == ("math", "code", "if") and not tiny.batch_by_domain
+    assert [tiny.floor_of(d) for d in tiny.domains] == [0.2, 0.2, 0.2]
+    assert tiny.sft_count("code") == 3000 and tiny.batch_size_of("if") == 48
+    assert SPECS["full"] is FULL_SPEC
+    assert FULL_SPEC.domains == ("rlhf", "if", "math", "code", "swe")
+    assert FULL_SPEC.sft_count("rlhf") + FULL_SPEC.val_problems_per_domain <= 220  # the generator's space
+    assert FULL_SPEC.batch_size_of("swe") < FULL_SPEC.batch_size_of("math")
+
+
+def test_per_domain_fields_must_match_domains() -> None:
+    with pytest.raises(ValueError, match="floors has 2 entries for 3 domains"):
+        TinyModelSpec(floors=(0.1, 0.2))
+    with pytest.raises(ValueError, match="batch_sizes"):
+        TinyModelSpec(batch_sizes=(1,))
+
+
+def test_rlhf_needs_a_reward_model() -> None:
+    from cascade.model.build import sft_domain_config
+
+    with pytest.raises(ValueError, match="reward model"):
+        sft_domain_config("rlhf")
+    assert sft_domain_config("swe").name == "swe"
+
+
+def test_cli_accepts_the_full_spec() -> None:
+    from cascade.cli import build_parser
+
+    args = build_parser().parse_args(["model", "init", "--spec", "full", "--out", "x"])
+    assert args.spec == "full"
+    assert build_parser().parse_args(["model", "init"]).spec == "tiny"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["model", "init", "--spec", "huge"])
+
+
+@pytest.fixture(scope="module")
+def built_five(tmp_path_factory: pytest.TempPathFactory, torch_one_thread: None) -> Path:
+    """Five domains, one domain per batch, per-domain floors low enough to stop at the first check."""
+    from cascade.model.build import FULL_DOMAINS
+    from cascade.model.reward_model import build_tiny_reward_model
+
+    root = tmp_path_factory.mktemp("five")
+    build_tiny_reward_model(root / "rm", steps=5, log=lambda _: None)
+    spec = TinyModelSpec(
+        vocab_size=512,
+        max_positions=384,
+        domains=FULL_DOMAINS,
+        mix=(1.0,) * 5,
+        floors=(0.0, 0.0, 0.0, 0.0, -1.0),
+        sft_problems=(40, 40, 40, 40, 40),
+        val_problems_per_domain=4,
+        batch_by_domain=True,
+        batch_sizes=(4, 4, 4, 4, 2),
+        eval_max_new_tokens=8,
+        max_steps=8,
+        eval_every=2,
+        min_steps=4,
+    )
+    build_tiny_model(root / "model", spec, log=lambda _: None, reward_model=root / "rm")
+    return root / "model"
+
+
+def test_five_domain_build_stops_by_per_domain_floors(built_five: Path) -> None:
+    log = json.loads((built_five / "sft_log.json").read_text())
+    assert log["stopped_by"] == "every domain >= its floor"
+    assert log["steps"] == 4  # the first check at or after min_steps
+    assert list(log["final_scores"]) == ["rlhf", "if", "math", "code", "swe"]
+    assert -1.0 <= log["final_scores"]["swe"] <= 1.0
+    assert 0.0 <= log["final_scores"]["rlhf"] <= 1.0  # win probability against the reference
+    assert load_policy(built_five).tokenizer.vocab_size <= 512
