@@ -183,13 +183,15 @@ class LocalStack:
         argv = [self.python, "-m", "services.learner.main", str(self.config), "--run-dir", str(self.run_dir)]
         argv += ["--redis-url", self.redis_url, "--stream-prefix", self.stream_prefix]
         argv += ["--rollout", self.procs["rollout"].address, "--teacher", self.procs["teacher"].address]
+        metrics = free_port()
+        argv += ["--host", "127.0.0.1", "--metrics-port", str(metrics)]
         if self.db:
             argv += ["--db", self.db]
         if self.fresh:
             argv.append("--fresh")
         if not self.distill:
             argv.append("--no-distill")
-        proc = Proc("learner", argv, self.log_dir / "learner.log")
+        proc = Proc("learner", argv, self.log_dir / "learner.log", metrics_port=metrics)
         self.procs["learner"] = proc
         proc.start(self._env(), self.nice)
         return proc
@@ -236,6 +238,7 @@ class LocalStack:
     def describe(self) -> str:
         lines = []
         for p in self.procs.values():
-            where = f"grpc {p.address}  metrics http://127.0.0.1:{p.metrics_port}" if p.port else ""
+            grpc = f"grpc {p.address}  " if p.port else ""
+            where = f"{grpc}metrics http://127.0.0.1:{p.metrics_port}" if p.metrics_port else grpc
             lines.append(f"  {p.name:<9} pid {p.pid:<7} {where:<48} log {p.log_path}")
         return "\n".join(lines)

@@ -42,9 +42,10 @@ ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 \
     HF_HOME=/home/cascade/.cache/huggingface HF_HUB_OFFLINE=1
 USER 10001:10001
 WORKDIR /home/cascade
-# The learner serves no health endpoint yet (services/learner has no HTTP or gRPC port); its
-# progress is in Postgres (the control plane's /api/cascades/{id}/metrics). Until it has one,
-# a dead learner shows as an exited container (restart policy), not as `unhealthy`.
-HEALTHCHECK NONE
+# /metrics and /health on 9400; /health is SERVING while the learner trains (the model load
+# before the first step can take minutes on a large checkpoint).
+EXPOSE 9400
+HEALTHCHECK --interval=30s --timeout=5s --start-period=900s --retries=3 \
+    CMD ["python", "/opt/cascade/healthcheck.py", "http", "http://127.0.0.1:9400/health"]
 ENTRYPOINT ["cascade-learner"]
 CMD ["/etc/cascade/cascade.yaml"]

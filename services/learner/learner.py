@@ -24,6 +24,7 @@ import json
 import shutil
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,9 +77,12 @@ class DistributedLearner(EmbeddedRunner):
         rollout: str,
         teacher: str | None,
         keep_weights: int = 2,
+        on_step: Callable[[int, dict[str, Any]], None] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(config, run_dir=run_dir, **kwargs)
+        self.on_step = on_step
+        """Called with (global step, the step's metrics) after each step (the metrics endpoint)."""
         if self.resume_from is not None:
             raise NotImplementedError("the distributed learner does not resume yet: start with --fresh")
         distils = any(config.teachers_for(i) for i in range(len(config.stages)))
@@ -297,6 +301,8 @@ class DistributedLearner(EmbeddedRunner):
             f"step {self.state.global_step}: reward {metrics.get('reward_mean', 0.0):.3f}  "
             f"step {metrics['time_step_s']:.2f}s  idle {metrics['idle_fraction']:.0%}"
         )
+        if self.on_step is not None:
+            self.on_step(self.state.global_step, metrics)
         self._idle_s = 0.0
         self._duplicates = 0
         self._trained = []

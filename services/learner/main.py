@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fresh", action="store_true", help="delete the run directory first")
     p.add_argument("--cascade-id", type=int, help="run a cascade created through the control plane (in --db)")
     p.add_argument("--torch-threads", type=int, default=1, help="torch threads (default: %(default)s)")
+    p.add_argument("--host", default="0.0.0.0", help="address of the metrics port (default: %(default)s)")
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=9400,
+        help="HTTP /metrics and /health (SERVING while training; 0 picks a free port)",
+    )
     args = p.parse_args(argv)
     if not args.config.is_file():
         p.error(f"config: {args.config} is not a file")
@@ -62,6 +70,13 @@ def main(argv: list[str] | None = None) -> int:
     def log(line: str) -> None:
         print(line, flush=True)
 
+    from cascade.transport.http import start_http_server
+    from services.learner.metrics import LearnerMetrics
+
+    metrics = LearnerMetrics()
+    training = threading.Event()
+    http = start_http_server(args.host, args.metrics_port, metrics.registry, health=training.is_set)
+    log(f"learner metrics on {args.host}:{http.server_port}")
     learner = DistributedLearner(
         cfg,
         run_dir=args.run_dir or cfg.output_dir / cfg.name,
@@ -74,14 +89,18 @@ def main(argv: list[str] | None = None) -> int:
         stream_prefix=args.stream_prefix or f"cascade:{cfg.name}",
         rollout=args.rollout,
         teacher=args.teacher,
+        on_step=metrics.observe,
     )
+    training.set()
     try:
         result = learner.run()
     except KeyboardInterrupt:
         log("learner interrupted")
         return 130
     finally:
+        training.clear()
         learner.close()
+        http.shutdown()
     log(f"learner done ({result.stopped_by}); report: {result.report_dir}")
     return 0
 

@@ -67,6 +67,27 @@ def _two_stage(data: dict[str, Any]) -> None:
         stage["advance"]["max_steps"] = 3
 
 
+def _scrape_while_training(port: int | None, stack: LocalStack, timeout_s: float = 150) -> dict[str, float]:
+    """The learner's /metrics once it has taken a step (it serves them only while training)."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and stack.procs["learner"].popen.poll() is None:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as reply:
+                text = reply.read().decode()
+        except OSError:
+            time.sleep(0.2)
+            continue
+        values = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+        if values.get("cascade_learner_steps_total", 0) >= 1:
+            return values
+        time.sleep(0.2)
+    return {}
+
+
 def test_two_stage_cascade_with_distillation_matches_embedded(stack, e2e, tmp_path, postgres_url) -> None:
     cfg = e2e.config(tmp_path, _two_stage)
     run_dir = tmp_path / "distributed"
@@ -75,8 +96,11 @@ def test_two_stage_cascade_with_distillation_matches_embedded(stack, e2e, tmp_pa
     try:
         for i in range(2):
             stack.worker(i)
-        stack.start_learner()
+        learner = stack.start_learner()
+        scraped = _scrape_while_training(learner.metrics_port, stack)
         assert stack.wait(timeout_s=150) == 0, stack.procs["learner"].log()[-3000:]
+        assert scraped.get("cascade_learner_steps_total", 0) >= 1, scraped
+        assert 0.0 <= scraped["cascade_learner_idle_fraction"] <= 1.0
         from cascade.transport.teacher_client import TeacherClient
 
         client = TeacherClient(stack.procs["teacher"].address)

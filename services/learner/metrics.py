@@ -1,0 +1,43 @@
+"""The learner's Prometheus metrics: where training is, how fast, and how long it waits."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class LearnerMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.steps = Counter("cascade_learner_steps", "Optimizer steps taken.", registry=self.registry)
+        self.global_step = Gauge(
+            "cascade_learner_global_step", "The last step's number.", registry=self.registry
+        )
+        self.reward = Gauge(
+            "cascade_learner_reward_mean", "Mean reward of the last step.", registry=self.registry
+        )
+        self.idle = Gauge(
+            "cascade_learner_idle_fraction",
+            "Share of the last step spent waiting for rollouts, scores or teachers.",
+            registry=self.registry,
+        )
+        self.duplicates = Counter(
+            "cascade_learner_duplicate_chunks",
+            "Redelivered rollout chunks dropped (their sample ids were already trained on).",
+            registry=self.registry,
+        )
+        self.step_seconds = Histogram(
+            "cascade_learner_step_seconds",
+            "Wall time of one step.",
+            buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+            registry=self.registry,
+        )
+
+    def observe(self, global_step: int, metrics: dict[str, Any]) -> None:
+        self.steps.inc()
+        self.global_step.set(global_step)
+        self.reward.set(float(metrics.get("reward_mean", 0.0)))
+        self.idle.set(float(metrics.get("idle_fraction", 0.0)))
+        self.duplicates.inc(float(metrics.get("duplicate_chunks", 0.0)))
+        self.step_seconds.observe(float(metrics.get("time_step_s", 0.0)))
