@@ -13,7 +13,6 @@ import shutil
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,28 +32,23 @@ from cascade.checkpoint import (
 )
 from cascade.config import CascadeConfig, StageConfig
 from cascade.curriculum import AdvanceTracker, TeacherRegistry
+from cascade.distill_step import local_distill_terms
 from cascade.domains import load_problems, make_domain
 from cascade.domains.base import Domain, Problem
 from cascade.evaluation import evaluate_domain
 from cascade.frozen_models import FrozenModelCache
 from cascade.model.loading import load_policy
 from cascade.progress import RunProgress
-from cascade.rollout import RolloutBatch, collect_groups, sample_completions, seeded_generator
-from cascade.run_state import RunState, rng_state_from_json, rng_state_to_json
+from cascade.rollout import RolloutBatch, collect_groups, seeded_generator
+from cascade.run_state import (
+    RunDirError,
+    RunResult,
+    RunState,
+    rng_state_from_json,
+    rng_state_to_json,
+)
 from cascade.run_store import RunStore
-from cascade.trainer import DistillSamples, LossTerm, apply_update, distill_term, rl_term
-
-
-class RunDirError(Exception):
-    pass
-
-
-@dataclass
-class RunResult:
-    run_dir: Path
-    report_dir: Path
-    finished: bool
-    stopped_by: str
+from cascade.trainer import LossTerm, apply_update, rl_term
 
 
 def _lr_for(stage: StageConfig, step: int) -> float:
@@ -399,39 +393,22 @@ class EmbeddedRunner:
         teachers = self._teacher_domains(self.state.stage_index)
         if not teachers:
             return [], {}
-        dc = stage.distill
-        g = stage.grpo
-        terms: list[tuple[float, LossTerm]] = []
-        metrics: dict[str, float] = {}
-        for d in teachers:
-            problems = self._distill_problems(stage, d)
-            generator = self.generator
+
+        def generator_for(teacher: str) -> torch.Generator:
             if self.cfg.rollout.seeding == "per_request":
-                generator = seeded_generator(self.cfg.seed, "distill", self.state.global_step, d)
-            prompt_ids, gen = sample_completions(
-                self.policy,
-                self.cfg.chat,
-                problems,
-                n=dc.samples_per_prompt,
-                max_new_tokens=budget,
-                temperature=g.temperature,
-                top_p=g.top_p,
-                thinking=g.thinking,
-                generator=generator,
-            )
-            samples = DistillSamples(
-                teacher=d,
-                prompt_ids=prompt_ids,
-                completion_ids=gen.completion_ids,
-                rollout_logprobs=gen.logprobs,
-                temperature=g.temperature,
-            )
-            term = distill_term(
-                self.policy.model, self._teacher_model(d), samples, dc, pad_id=self.policy.pad_token_id
-            )
-            terms.append((dc.teacher_weights.get(d, 1.0), term))
-            metrics.update(term.metrics)
-        return terms, metrics
+                return seeded_generator(self.cfg.seed, "distill", self.state.global_step, teacher)
+            return self.generator
+
+        return local_distill_terms(
+            self.policy,
+            self.cfg.chat,
+            stage,
+            teachers,
+            budget=budget,
+            problems_for=lambda d: self._distill_problems(stage, d),
+            teacher_model=self._teacher_model,
+            generator_for=generator_for,
+        )
 
     # ------------------------------------------------------------------ eval, teachers, checkpoints
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 
@@ -35,3 +36,15 @@ def rng_state_to_json(state: tuple) -> list:
 def rng_state_from_json(saved: list) -> tuple:
     version, internal, gauss = saved
     return (version, tuple(internal), gauss)
+
+
+class RunDirError(Exception):
+    """The run directory holds another run (neither resume nor fresh was asked for)."""
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    report_dir: Path
+    finished: bool
+    stopped_by: str

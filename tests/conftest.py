@@ -6,15 +6,11 @@ asks for `postgres_url`, and gets its own schema, dropped afterwards.
 
 from __future__ import annotations
 
-import os
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-DEFAULT_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/test"
-"""The local server CI starts (trust auth). Override with CASCADE_TEST_POSTGRES_URL."""
+from pg_schema import fresh_schema
 
 
 @pytest.fixture
@@ -24,29 +20,9 @@ def sqlite_url(tmp_path: Path) -> str:
 
 @pytest.fixture
 def postgres_url() -> Iterator[str]:
-    """A URL whose search_path is a fresh schema on the local Postgres (dropped after the test).
-
-    Skips when the server is unreachable, unless CASCADE_REQUIRE_POSTGRES=1 (then it fails).
-    """
-    import psycopg
-
-    base = os.environ.get("CASCADE_TEST_POSTGRES_URL", DEFAULT_POSTGRES_URL)
-    dsn = base.replace("postgresql+psycopg://", "postgresql://", 1)
-    try:
-        admin = psycopg.connect(dsn, connect_timeout=3, autocommit=True)
-    except psycopg.OperationalError as err:
-        reason = f"PostgreSQL unreachable at {dsn}: {str(err).strip().splitlines()[0]}"
-        if os.environ.get("CASCADE_REQUIRE_POSTGRES") == "1":
-            pytest.fail(reason)
-        pytest.skip(reason)
-    schema = f"test_{uuid.uuid4().hex[:12]}"
-    with admin:
-        admin.execute(f'CREATE SCHEMA "{schema}"')
-        try:
-            sep = "&" if "?" in base else "?"
-            yield f"{base}{sep}options=-csearch_path%3D{schema}"
-        finally:
-            admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
+    """A URL whose search_path is a fresh schema on the local Postgres (dropped after the test)."""
+    with fresh_schema("test") as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

@@ -17,15 +17,14 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
-import pytest
+import pg_schema
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
-DEFAULT_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/test"
 WRITE_TOKEN = "write-" + uuid.uuid4().hex  # random per session: the log test greps for them
 READ_TOKEN = "read-" + uuid.uuid4().hex
 
@@ -36,28 +35,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@contextmanager
-def fresh_schema() -> Iterator[str]:
+def fresh_schema() -> AbstractContextManager[str]:
     """A Postgres URL whose search_path is a new, empty schema (dropped afterwards)."""
-    import psycopg
-
-    base = os.environ.get("CASCADE_TEST_POSTGRES_URL", DEFAULT_POSTGRES_URL)
-    dsn = base.replace("postgresql+psycopg://", "postgresql://", 1)
-    try:
-        admin = psycopg.connect(dsn, connect_timeout=3, autocommit=True)
-    except psycopg.OperationalError as err:
-        reason = f"PostgreSQL unreachable at {dsn}: {str(err).strip().splitlines()[0]}"
-        if os.environ.get("CASCADE_REQUIRE_POSTGRES") == "1":
-            pytest.fail(reason)
-        pytest.skip(reason)
-    schema = f"api_{uuid.uuid4().hex[:12]}"
-    with admin:
-        admin.execute(f'CREATE SCHEMA "{schema}"')
-        try:
-            sep = "&" if "?" in base else "?"
-            yield f"{base}{sep}options=-csearch_path%3D{schema}"
-        finally:
-            admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
+    return pg_schema.fresh_schema("api")
 
 
 class ApiServer:
