@@ -11,12 +11,10 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from cascade.transport.health import wait_until_serving
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -40,19 +38,9 @@ def service(module: str, log: Path, *flags: str, torch_threads: int = 1) -> Iter
         )
     address = f"127.0.0.1:{port}"
     try:
-        with grpc.insecure_channel(address) as channel:
-            stub = health_pb2_grpc.HealthStub(channel)
-            deadline = time.monotonic() + 120
-            while True:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"{module} exited:\n{log.read_text()[-3000:]}")
-                with contextlib.suppress(grpc.RpcError):
-                    reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
-                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                        break
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{module} not serving:\n{log.read_text()[-3000:]}")
-                time.sleep(0.1)
+        why = wait_until_serving(address, timeout_s=120, alive=lambda: proc.poll() is None)
+        if why is not None:
+            raise RuntimeError(f"{module} {why} before serving:\n{log.read_text()[-3000:]}")
         yield address
     finally:
         with contextlib.suppress(ProcessLookupError):

@@ -28,10 +28,10 @@ from pathlib import Path
 
 import grpc
 import redis
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cascade.config import DomainConfig
 from cascade.domains import Problem, make_domain
+from cascade.transport.health import wait_until_serving
 from cascade_proto.v1 import reward_pb2 as pb
 from cascade_proto.v1 import reward_pb2_grpc as pb_grpc
 
@@ -64,17 +64,6 @@ def _process(argv: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-
-
-def _wait_serving(channel: grpc.Channel, log: Path, timeout_s: float = 60) -> None:
-    stub = health_pb2_grpc.HealthStub(channel)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with contextlib.suppress(grpc.RpcError):
-            if stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status == 1:
-                return
-        time.sleep(0.2)
-    raise TimeoutError(f"reward front not serving:\n{log.read_text()[-2000:]}")
 
 
 def _wait_log(log: Path, text: str, timeout_s: float = 60) -> None:
@@ -155,7 +144,11 @@ def main() -> None:
     results: dict[str, dict[str, float]] = {}
     with _process(front_argv, logs / "front.log"), _process(worker_argv, logs / "worker.log"):
         channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-        _wait_serving(channel, logs / "front.log")
+        why = wait_until_serving(f"127.0.0.1:{port}", timeout_s=60)
+        if why is not None:
+            raise RuntimeError(
+                f"reward front {why} before serving:\n{(logs / 'front.log').read_text()[-2000:]}"
+            )
         _wait_log(logs / "worker.log", "ready.")
         stub = pb_grpc.RewardServiceStub(channel)
 

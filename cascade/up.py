@@ -20,8 +20,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from cascade.transport.health import wait_until_serving
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -30,6 +29,8 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
 
 
 @dataclass
@@ -92,21 +93,11 @@ class Proc:
 
 def wait_serving(proc: Proc, timeout_s: float) -> None:
     """Until the gRPC health check of `proc` answers SERVING (or it exits, or time runs out)."""
-    deadline = time.monotonic() + timeout_s
-    with grpc.insecure_channel(proc.address) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        while True:
-            if not proc.alive():
-                raise RuntimeError(f"{proc.name} exited:\n{proc.log()[-3000:]}")
-            try:
-                reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
-                if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-            except grpc.RpcError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{proc.name} not serving within {timeout_s}s:\n{proc.log()[-3000:]}")
-            time.sleep(0.2)
+    why = wait_until_serving(proc.address, timeout_s=timeout_s, alive=proc.alive, poll_s=0.2)
+    if why == "exited":
+        raise RuntimeError(f"{proc.name} exited:\n{proc.log()[-3000:]}")
+    if why == "timeout":
+        raise TimeoutError(f"{proc.name} not serving within {timeout_s}s:\n{proc.log()[-3000:]}")
 
 
 @dataclass

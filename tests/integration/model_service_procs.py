@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 from reward_procs import Proc, free_port
+
+from cascade.transport.health import wait_until_serving
 
 
 class Service:
@@ -24,22 +24,14 @@ class Service:
         self.channel = grpc.insecure_channel(f"127.0.0.1:{self.port}")
 
     def wait_serving(self, timeout_s: float) -> None:
-        stub = health_pb2_grpc.HealthStub(self.channel)
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if self.proc.popen.poll() is not None:
-                raise RuntimeError(f"{self.proc.name} exited:\n{self.proc.log()[-3000:]}")
-            try:
-                reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
-                if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-            except grpc.RpcError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"{self.proc.name} not serving within {timeout_s}s:\n{self.proc.log()[-3000:]}"
-                )
-            time.sleep(0.1)
+        alive = lambda: self.proc.popen.poll() is None  # noqa: E731
+        why = wait_until_serving(f"127.0.0.1:{self.port}", timeout_s=timeout_s, alive=alive)
+        if why == "exited":
+            raise RuntimeError(f"{self.proc.name} exited:\n{self.proc.log()[-3000:]}")
+        if why == "timeout":
+            raise TimeoutError(
+                f"{self.proc.name} not serving within {timeout_s}s:\n{self.proc.log()[-3000:]}"
+            )
 
     def metrics(self) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:

@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from cascade.transport.health import wait_until_serving
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -112,22 +113,14 @@ class Front:
         self.channel = grpc.insecure_channel(f"127.0.0.1:{self.port}")
 
     def wait_serving(self, timeout_s: float) -> None:
-        stub = health_pb2_grpc.HealthStub(self.channel)
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if self.proc.popen.poll() is not None:
-                raise RuntimeError(f"{self.proc.name} exited:\n{self.proc.log()[-3000:]}")
-            try:
-                status = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1).status
-                if status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-            except grpc.RpcError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"{self.proc.name} not serving within {timeout_s}s:\n{self.proc.log()[-3000:]}"
-                )
-            time.sleep(0.1)
+        alive = lambda: self.proc.popen.poll() is None  # noqa: E731
+        why = wait_until_serving(f"127.0.0.1:{self.port}", timeout_s=timeout_s, alive=alive)
+        if why == "exited":
+            raise RuntimeError(f"{self.proc.name} exited:\n{self.proc.log()[-3000:]}")
+        if why == "timeout":
+            raise TimeoutError(
+                f"{self.proc.name} not serving within {timeout_s}s:\n{self.proc.log()[-3000:]}"
+            )
 
     def stop(self) -> None:
         self.channel.close()
