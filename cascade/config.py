@@ -201,6 +201,11 @@ class GrpoConfig(StrictModel):
     """Completions cut by the token budget: drop from the loss (`mask`) or score 0 (`zero`)."""
     thinking: bool = False
     """Render prompts with the think flag instead of the no-think flag."""
+    max_verifier_failure_fraction: float = Field(0.5, ge=0, le=1)
+    """Largest share of a step's samples whose verifier failed (`infra_error`) that the step
+    trains on. Such samples never count (advantage 0, out of their group's statistics), but a
+    step past this bound learns from a biased remnant: it raises `VerifierFailureError` and the
+    stage fails with the main causes. 1 never stops; 0 stops at the first failure."""
 
 
 class FilterConfig(StrictModel):

@@ -7,6 +7,7 @@ or RL dominates the update).
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
@@ -44,6 +45,37 @@ def _padded_logprobs(rows: list[list[float]], width: int) -> torch.Tensor:
     return out
 
 
+class VerifierFailureError(RuntimeError):
+    """A step whose share of failed-verifier (`infra_error`) samples passed the configured
+    bound (`grpo.max_verifier_failure_fraction`): training on the rest would learn from noise,
+    so the stage should stop. `causes` are the most frequent infra-error details, with counts."""
+
+    def __init__(
+        self, fraction: float, bound: float, n_failed: int, n_total: int, causes: list[tuple[str, int]]
+    ) -> None:
+        self.fraction = fraction
+        self.bound = bound
+        self.n_failed = n_failed
+        self.n_total = n_total
+        self.causes = causes
+        top = "; ".join(f"{n}x {detail or '(no detail)'}" for detail, n in causes) or "none recorded"
+        super().__init__(
+            f"verifier failed on {n_failed} of {n_total} samples ({fraction:.1%}), above the bound "
+            f"max_verifier_failure_fraction={bound:g}; top causes: {top}"
+        )
+
+
+def check_verifier_failures(batch: RolloutBatch, bound: float, *, top: int = 3) -> float:
+    """The step's share of failed-verifier samples; raises `VerifierFailureError` above `bound`."""
+    failed = [v.detail for v in batch.verdicts if v.is_infra_error]
+    total = len(batch.verdicts)
+    fraction = len(failed) / total if total else 0.0
+    if fraction > bound:
+        causes = Counter(detail[:200] for detail in failed).most_common(top)
+        raise VerifierFailureError(fraction, bound, len(failed), total, causes)
+    return fraction
+
+
 def rl_term(
     model: PreTrainedModel,
     batch: RolloutBatch,
@@ -54,18 +86,27 @@ def rl_term(
     drop_zero_variance: bool,
     ref_model: PreTrainedModel | None = None,
 ) -> LossTerm:
-    """GRPO loss over the groups of `batch` that carry signal."""
+    """GRPO loss over the groups of `batch` that carry signal.
+
+    Samples whose verifier failed take no part in their group's statistics and get no
+    gradient; a step with more of them than `cfg.max_verifier_failure_fraction` raises
+    `VerifierFailureError` before any forward pass.
+    """
     g = batch.group_size
+    failure_fraction = check_verifier_failures(batch, cfg.max_verifier_failure_fraction)
     rewards = batch.rewards()  # [N, G]
-    adv = group_advantages(rewards).flatten()  # [N*G]
-    zero_var = zero_variance_mask(rewards)  # [N]
-    keep = batch.valid_mask()
+    valid = batch.valid_mask()  # [N*G]
+    adv = group_advantages(rewards, valid.view_as(rewards)).flatten()  # [N*G]
+    zero_var = zero_variance_mask(rewards, valid.view_as(rewards))  # [N]
+    keep = valid.clone()
     if drop_zero_variance:
         keep &= (~zero_var).repeat_interleave(g)
     if cfg.overlong == "mask":
         keep &= ~batch.truncated_mask()
+    valid_rewards = rewards.flatten()[valid]
     metrics = {
-        "reward_mean": float(rewards.mean()),
+        "reward_mean": float(valid_rewards.mean()) if valid_rewards.numel() else 0.0,
+        "verifier_failure_fraction": failure_fraction,
         "zero_variance_groups": float(zero_var.float().mean()),
         "truncated_fraction": float(batch.truncated_mask().float().mean()),
         "completion_tokens_mean": sum(len(c) for c in batch.completion_ids) / len(batch.completion_ids),
