@@ -5,9 +5,12 @@ The same `score` is used for training rollouts and for eval (rewards live with t
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
+
+from cascade.domains.verdict_text import MAX_REASON_CHARS, verdict_text
 
 # Reasons a verdict can carry. `infra_error` means the verifier itself failed: it is never a
 # reward of 0 for the sample; the learner drops (or retries) such samples.
@@ -40,9 +43,28 @@ class Problem:
 
 @dataclass(frozen=True)
 class RewardVerdict:
+    """A verifier's judgement of one completion: its reward and why.
+
+    Built anywhere (a domain, the sandbox, a transport decoding a reply), its text is made
+    safe on construction (`verdict_text`: valid UTF-8, no control characters but newline and
+    tab, capped), so a detail quoting a hostile completion can always be encoded, stored and
+    shown. A reward that is not a finite number is the verifier's failure, never a score: such
+    a verdict becomes `infra_error` with reward 0.
+    """
+
     reward: float
     reason: str
     detail: str = ""
+
+    def __post_init__(self) -> None:
+        reward, reason = float(self.reward), verdict_text(self.reason, MAX_REASON_CHARS)
+        detail = verdict_text(self.detail)
+        if not math.isfinite(reward):
+            reason, detail = INFRA_ERROR, verdict_text(f"non-finite reward {reward} ({reason}): {detail}")
+            reward = 0.0
+        object.__setattr__(self, "reward", reward)
+        object.__setattr__(self, "reason", reason)
+        object.__setattr__(self, "detail", detail)
 
     @property
     def is_infra_error(self) -> bool:
