@@ -27,7 +27,7 @@ import yaml
 from sqlalchemy import select
 
 from cascade.config import load_cascade_config
-from cascade.embedded import EmbeddedRunner
+from cascade.embedded import embedded_runner
 from cascade.store import repo
 from cascade.store.db import make_engine, session_scope
 from cascade.store.models import Run
@@ -106,7 +106,7 @@ def main() -> None:
             cfg = load_cascade_config(path)
             emb_dir = root / f"embedded-s{s}"
             t0 = time.perf_counter()
-            EmbeddedRunner(cfg, run_dir=emb_dir, log=lambda _: None).run()
+            embedded_runner(cfg, run_dir=emb_dir, log=lambda _: None).run()
             results[f"embedded_s{s}"] = {
                 **summarize(step_metrics(f"sqlite:///{emb_dir / 'cascade.db'}")),
                 "wall_s": time.perf_counter() - t0,

@@ -16,8 +16,9 @@ import torch
 
 from cascade.config import ChatConfig, DomainConfig, GrpoConfig
 from cascade.domains import load_problems, make_domain
+from cascade.model.chat import encode_prompts
 from cascade.model.loading import load_policy
-from cascade.rollout import collect_groups
+from cascade.rollout import PolicyGenerate, PromptRequest, generate_and_score, merge_chunks, problem_fields
 from cascade.trainer import LossTerm, apply_update, rl_term
 
 STEPS = 8
@@ -38,20 +39,31 @@ def main() -> None:
         for step in range(STEPS):
             batch_problems = problems[step * 16 : (step + 1) * 16]
             t0 = time.perf_counter()
-            batch = collect_groups(
-                policy,
-                ChatConfig(),
-                domain,
-                batch_problems,
+            req = PromptRequest(
+                batch=step,
+                index=0,
+                domain=name,
+                policy_version=0,
+                seed=None,
                 group_size=8,
-                max_new_tokens=24,
+                max_tokens=24,
                 temperature=1.0,
                 top_p=1.0,
-                thinking=False,
                 overlong="mask",
-                policy_version=0,
-                generator=gen,
+                problems=[problem_fields(p) for p in batch_problems],
+                prompt_ids=encode_prompts(
+                    policy.tokenizer, ChatConfig(), [p.prompt for p in batch_problems], False
+                ),
+                sample_ids=[[f"{p.id}/{j}" for j in range(8)] for p in batch_problems],
             )
+            chunk = generate_and_score(
+                req,
+                generate_fn=PolicyGenerate(policy, generator=gen),
+                decode=lambda ids: policy.tokenizer.batch_decode(ids, skip_special_tokens=True),
+                score=lambda _d, probs, texts, _c, domain=domain: domain.score_batch(probs, texts),
+                worker="bench",
+            )
+            batch = merge_chunks([req], [chunk], policy_version=0, temperature=1.0)
             t1 = time.perf_counter()
             rl: LossTerm = rl_term(
                 policy.model,

@@ -42,6 +42,29 @@ def _run_dir(args: argparse.Namespace, cfg) -> Path:
     return cfg.output_dir / f"{cfg.name}{suffix}"
 
 
+def _resolve_run_flags(args: argparse.Namespace, run_dir: Path) -> str | None:
+    """Check --fresh/--resume/--cascade-id/--db together; on --resume, take the database and
+    cascade id the run directory recorded when they were not given. None when all is well."""
+    from cascade.runner.fresh import confirm_fresh
+    from cascade.runner.record import read_record
+
+    if args.fresh and args.resume:
+        return "--fresh and --resume exclude each other"
+    if args.fresh:
+        why = confirm_fresh(run_dir, yes=args.yes)
+        if why is not None:
+            return why
+    record = read_record(run_dir) if args.resume else None
+    if record is not None and args.db is None and not record.db_url.startswith("sqlite"):
+        if not record.db_url_complete:
+            return f"{run_dir} was run on {record.db_url}: give --db with its password to resume"
+        args.db = record.db_url
+        args.cascade_id = args.cascade_id or record.cascade_id
+    if args.cascade_id is not None and args.db is None:
+        return "--cascade-id needs --db (the control plane's database)"
+    return None
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from cascade.config import ConfigError, load_cascade_config
 
@@ -51,8 +74,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         return _fail(str(err))
     if args.seed is not None:
         cfg = cfg.model_copy(update={"seed": args.seed})
-    if args.cascade_id is not None and args.db is None:
-        return _fail("--cascade-id needs --db (the control plane's database)")
+    run_dir = _run_dir(args, cfg)
+    flags_error = _resolve_run_flags(args, run_dir)
+    if flags_error is not None:
+        return _fail(flags_error)
     if not (cfg.model.path / "config.json").exists():
         return _fail(
             f"{args.config}: model.path: {cfg.model.path} is not a model directory "
@@ -62,18 +87,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     _quiet_hub_progress()
-    from cascade.embedded import EmbeddedRunner, RunDirError
+    from cascade.embedded import RunDirError, embedded_runner
     from cascade.model.loading import ModelLoadError
     from cascade.progress import RunProgress
     from cascade.report import print_regression_table
     from cascade.run_store import CascadeMismatch
+    from cascade.runner.record import read_record, resume_command
 
     console = Console(stderr=True)
     progress = RunProgress(enabled=not args.no_progress, console=console)
     try:
-        runner = EmbeddedRunner(
+        runner = embedded_runner(
             cfg,
-            run_dir=_run_dir(args, cfg),
+            run_dir=run_dir,
             db_url=args.db,
             distill=not args.no_distill,
             resume=args.resume,
@@ -89,13 +115,18 @@ def cmd_run(args: argparse.Namespace) -> int:
         return _fail(str(err))
     except KeyboardInterrupt:
         progress.stop()
-        print("interrupted: continue with --resume (from the last checkpoint)", file=sys.stderr)
+        hint = resume_command(args.config, run_dir, read_record(run_dir), embedded=True)
+        print(f"interrupted; continue with: {hint}", file=sys.stderr)
         return 130
     if result.stopped_by == "aborted":
         print("run aborted by an operator", file=sys.stderr)
         return 0
+    if result.stopped_by == "failed":
+        print("run failed: see the stage's events (cascade api show)", file=sys.stderr)
+        return 1
     if result.stopped_by in ("paused", "interrupted"):
-        print(f"run {result.stopped_by}; continue with: cascade run {args.config} --resume", file=sys.stderr)
+        hint = resume_command(args.config, run_dir, read_record(run_dir), embedded=True)
+        print(f"run {result.stopped_by}; continue with: {hint}", file=sys.stderr)
         return 0
     print_regression_table(result.report_dir)
     print(f"report: {result.report_dir}")
@@ -166,6 +197,9 @@ def cmd_up(args: argparse.Namespace) -> int:
     from cascade.up import LocalStack
 
     run_dir = Path(args.run_dir) if args.run_dir else cfg.output_dir / f"{cfg.name}-distributed"
+    flags_error = _resolve_run_flags(args, run_dir)
+    if flags_error is not None:
+        return _fail(flags_error)
     stack = LocalStack(
         config=Path(args.config).resolve(),
         model=cfg.model.path.resolve(),
@@ -177,6 +211,9 @@ def cmd_up(args: argparse.Namespace) -> int:
         workers=args.workers,
         celery_workers=args.celery_workers,
         fresh=args.fresh,
+        resume=args.resume,
+        cascade_id=args.cascade_id,
+        follow=not args.no_follow,
         distill=not args.no_distill,
         nice=args.nice,
     )
@@ -215,7 +252,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="run a cascade in one process (embedded mode)")
     p.add_argument("config", help="cascade YAML file")
     p.add_argument("--resume", action="store_true", help="continue from the run's last checkpoint")
-    p.add_argument("--fresh", action="store_true", help="delete the run directory first")
+    p.add_argument("--fresh", action="store_true", help="delete the run directory first (asks; see --yes)")
+    p.add_argument("--yes", action="store_true", help="with --fresh: delete without asking")
     p.add_argument("--no-distill", action="store_true", help="ablation: no distillation in any stage")
     p.add_argument("--run-dir", help="default: <output_dir>/<name>[-no-distill]")
     p.add_argument("--db", help="SQLAlchemy URL for stage state and metrics (default: SQLite in the run dir)")
@@ -237,7 +275,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stream-prefix", help="Redis key prefix of this run (default: a fresh one)")
     p.add_argument("--workers", type=int, default=2, help="rollout workers (default: %(default)s)")
     p.add_argument("--celery-workers", type=int, default=1, help="Celery reward workers (default: 1)")
-    p.add_argument("--fresh", action="store_true", help="delete the run directory first")
+    p.add_argument("--resume", action="store_true", help="continue from the run's last checkpoint")
+    p.add_argument("--fresh", action="store_true", help="delete the run directory first (asks; see --yes)")
+    p.add_argument("--yes", action="store_true", help="with --fresh: delete without asking")
+    p.add_argument("--cascade-id", type=int, help="run a cascade created through the control plane (in --db)")
+    p.add_argument(
+        "--follow",
+        action="store_true",
+        default=True,
+        help="when paused by an operator, keep the stack up and wait for resume or abort (the default)",
+    )
+    p.add_argument("--no-follow", action="store_true", help="stop the stack when a stage is paused")
     p.add_argument("--no-distill", action="store_true", help="ablation: no distillation in any stage")
     p.add_argument("--nice", type=int, default=0, help="start every process under `nice -n N`")
     p.set_defaults(func=cmd_up)

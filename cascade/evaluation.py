@@ -1,14 +1,22 @@
-"""Greedy eval of every configured domain: the rows of the regression table."""
+"""Greedy eval of every configured domain: the rows of the regression table.
+
+The completions come from a `GenerateFn`: the policy in this process (embedded run, SFT) or the
+rollout service holding the learner's current weights (distributed run). Same prompts, same
+batches, same greedy decoding: the same scores either way.
+"""
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
 
+from transformers import PreTrainedTokenizerBase
+
 from cascade.config import ChatConfig
 from cascade.domains.base import Domain, Problem, score_for_eval
-from cascade.model.loading import Policy
-from cascade.rollout import sample_completions
+from cascade.engine.base import SamplingSettings
+from cascade.model.chat import encode_prompts
+from cascade.rollout import GenerateFn
 
 
 @dataclass
@@ -20,7 +28,8 @@ class DomainEval:
 
 
 def evaluate_domain(
-    policy: Policy,
+    generate_fn: GenerateFn,
+    tokenizer: PreTrainedTokenizerBase,
     chat: ChatConfig,
     domain: Domain,
     problems: list[Problem],
@@ -31,26 +40,15 @@ def evaluate_domain(
 ) -> DomainEval:
     rewards: list[float] = []
     reasons: Counter[str] = Counter()
+    sampling = SamplingSettings(max_tokens=max_new_tokens, greedy=True)
     for start in range(0, len(problems), batch_size):
         chunk = problems[start : start + batch_size]
-        _, gen = sample_completions(
-            policy,
-            chat,
-            chunk,
-            n=1,
-            max_new_tokens=max_new_tokens,
-            temperature=1.0,
-            top_p=1.0,
-            thinking=thinking,
-            generator=None,
-            greedy=True,
-        )
-        texts = policy.tokenizer.batch_decode(gen.completion_ids, skip_special_tokens=True)
+        prompt_ids = encode_prompts(tokenizer, chat, [p.prompt for p in chunk], thinking)
+        gen = generate_fn(prompt_ids, 1, sampling).generation
+        texts = tokenizer.batch_decode(gen.completion_ids, skip_special_tokens=True)
         for v in score_for_eval(domain, chunk, texts):
-            if v.is_infra_error:
-                reasons[v.reason] += 1
-                continue
-            rewards.append(v.reward)
             reasons[v.reason] += 1
+            if not v.is_infra_error:
+                rewards.append(v.reward)
     score = sum(rewards) / len(rewards) if rewards else 0.0
     return DomainEval(domain=domain.name, score=score, n=len(rewards), reasons=dict(reasons))

@@ -1,23 +1,36 @@
-"""Turn problems into scored groups of completions (the rollout side of a step).
+"""The rollout side of a step: generation requests, generate-and-score, the batch merge.
 
-Embedded mode calls this directly; the distributed rollout workers will call the same
-function with a remote engine and reward client behind it.
+A step's prompts become `PromptRequest`s (`cascade.runner.planning` plans them, one seed rule);
+`generate_and_score` turns one request into a `ScoredChunk` with whatever engine and verifier it
+is given (the embedded run passes the policy in this process and the domain objects, a rollout
+worker passes the rollout and reward services); `merge_chunks` makes the step's `RolloutBatch`
+from its requests' chunks. The same three functions serve both modes.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import torch
 
 from cascade.config import ChatConfig
-from cascade.domains.base import INFRA_ERROR, TRUNCATED, Domain, Problem, RewardVerdict
+from cascade.domains.base import INFRA_ERROR, TRUNCATED, Problem, RewardVerdict
+from cascade.engine.base import SamplingSettings, VersionedGeneration
 from cascade.engine.hf import Generation, generate
 from cascade.model.chat import encode_prompts
 from cascade.model.loading import Policy
+
+GenerateFn = Callable[[list[list[int]], int, SamplingSettings], VersionedGeneration]
+"""`(prompt token ids, completions per prompt, sampling) -> completions, prompt-major`: the
+policy in this process (`PolicyGenerate`) or the rollout service (`RolloutClient`)."""
+
+ScoreFn = Callable[[str, list[Problem], list[str], dict[str, Any] | None], list[RewardVerdict]]
+"""`(domain, problems, completions, reward config) -> verdicts`: the domain objects in this
+process or the reward service."""
 
 
 @dataclass
@@ -35,14 +48,11 @@ class RolloutBatch:
     verdicts: list[RewardVerdict]  # [N*G]
     policy_version: int
     temperature: float
+    sample_ids: list[str] = field(default_factory=list)  # [N*G], as the requests named them
 
     @property
     def n_groups(self) -> int:
         return len(self.problems)
-
-    @property
-    def sample_ids(self) -> list[str]:
-        return [f"{p.id}/v{self.policy_version}/{j}" for p in self.problems for j in range(self.group_size)]
 
     def rewards(self) -> torch.Tensor:
         """[N, G] rewards; infra errors take the mean of their group's valid rewards."""
@@ -63,23 +73,143 @@ class RolloutBatch:
     def reason_counts(self) -> dict[str, int]:
         return dict(Counter(v.reason for v in self.verdicts))
 
-    @staticmethod
-    def concat(parts: Sequence[RolloutBatch]) -> RolloutBatch:
-        """One batch from requests of the same step (same domain, group size and version)."""
-        first = parts[0]
-        return RolloutBatch(
-            domain=first.domain,
-            problems=[p for b in parts for p in b.problems],
-            group_size=first.group_size,
-            prompt_ids=[x for b in parts for x in b.prompt_ids],
-            completion_ids=[x for b in parts for x in b.completion_ids],
-            logprobs=[x for b in parts for x in b.logprobs],
-            finish_reasons=[x for b in parts for x in b.finish_reasons],
-            texts=[x for b in parts for x in b.texts],
-            verdicts=[x for b in parts for x in b.verdicts],
-            policy_version=min(b.policy_version for b in parts),
-            temperature=first.temperature,
+
+@dataclass
+class PromptRequest:
+    """A few problems of one RL batch: the unit of generation, of work on the prompts stream and
+    of re-delivery. `seed` None: sample from the run's one generator (embedded `seeding: stream`)."""
+
+    batch: int  # the learner's RL batch number
+    index: int  # this request's position in the batch
+    domain: str
+    policy_version: int  # the version the learner expects the completions to come from
+    seed: int | None
+    group_size: int
+    max_tokens: int
+    temperature: float
+    top_p: float
+    overlong: str
+    problems: list[dict[str, Any]]  # Problem fields
+    prompt_ids: list[list[int]]  # one per problem
+    sample_ids: list[list[str]]  # [problem][completion]
+    reward_config: dict[str, Any] | None = None
+    attempt: str = ""
+    """The learner process that asked: a chunk made for a dead learner's request is not taken."""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> PromptRequest:
+        return cls(**data)
+
+    def problem_objects(self) -> list[Problem]:
+        return [Problem(**p) for p in self.problems]
+
+    def sampling(self) -> SamplingSettings:
+        return SamplingSettings(
+            max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p, seed=self.seed
         )
+
+
+@dataclass
+class ScoredChunk:
+    """One request's completions, behaviour log-probs, texts and verdicts, with the version of
+    the weights that actually produced them."""
+
+    batch: int
+    index: int
+    worker: str
+    engine_version: int
+    sample_ids: list[list[str]]  # [problem][completion]
+    completion_ids: list[list[int]]  # [problem * G], prompt-major
+    logprobs: list[list[float]]
+    finish_reasons: list[str]
+    texts: list[str]
+    verdicts: list[tuple[float, str, str]]
+    timings: dict[str, float] = field(default_factory=dict)
+    attempt: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ScoredChunk:
+        data = dict(data)
+        data["verdicts"] = [tuple(v) for v in data["verdicts"]]
+        return cls(**data)
+
+
+def problem_fields(p: Problem) -> dict[str, Any]:
+    return {"id": p.id, "domain": p.domain, "prompt": p.prompt, "answer": p.answer, "meta": p.meta}
+
+
+def generate_and_score(
+    req: PromptRequest,
+    *,
+    generate_fn: GenerateFn,
+    decode: Callable[[list[list[int]]], list[str]],
+    score: ScoreFn,
+    worker: str,
+) -> ScoredChunk:
+    """Generate one request's groups, score them, apply the overlong rule: the rollout worker's
+    whole job, and the embedded run's rollout of one request."""
+    import time
+
+    t0 = time.perf_counter()
+    result = generate_fn(req.prompt_ids, req.group_size, req.sampling())
+    gen = result.generation
+    t_gen = time.perf_counter()
+    texts = decode(gen.completion_ids)
+    problems = [p for p in req.problem_objects() for _ in range(req.group_size)]
+    verdicts = apply_overlong(
+        score(req.domain, problems, texts, req.reward_config), gen.finish_reasons, req.overlong
+    )
+    return ScoredChunk(
+        batch=req.batch,
+        index=req.index,
+        worker=worker,
+        engine_version=result.version,
+        sample_ids=req.sample_ids,
+        completion_ids=gen.completion_ids,
+        logprobs=gen.logprobs,
+        finish_reasons=gen.finish_reasons,
+        texts=texts,
+        verdicts=[(v.reward, v.reason, v.detail) for v in verdicts],
+        timings={"generate_s": t_gen - t0, "score_s": time.perf_counter() - t_gen},
+        attempt=req.attempt,
+    )
+
+
+def merge_chunks(
+    requests: list[PromptRequest], chunks: list[ScoredChunk], *, policy_version: int, temperature: float
+) -> RolloutBatch:
+    """The RL batch the learner trains on: requests in order, each with its scored chunk."""
+    by_index = {c.index: c for c in chunks}
+    out = RolloutBatch(
+        domain=requests[0].domain,
+        problems=[],
+        group_size=requests[0].group_size,
+        prompt_ids=[],
+        completion_ids=[],
+        logprobs=[],
+        finish_reasons=[],
+        texts=[],
+        verdicts=[],
+        policy_version=policy_version,
+        temperature=temperature,
+    )
+    for req in sorted(requests, key=lambda r: r.index):
+        chunk = by_index[req.index]
+        out.problems.extend(req.problem_objects())
+        out.prompt_ids.extend(ids for ids in req.prompt_ids for _ in range(req.group_size))
+        out.completion_ids.extend(chunk.completion_ids)
+        out.logprobs.extend(chunk.logprobs)
+        out.finish_reasons.extend(chunk.finish_reasons)
+        out.texts.extend(chunk.texts)
+        out.sample_ids.extend(sid for ids in req.sample_ids for sid in ids)
+        out.verdicts.extend(RewardVerdict(float(r), reason, detail) for r, reason, detail in chunk.verdicts)
+    return out
 
 
 def request_seed(seed: int, *parts: object) -> int:
@@ -105,6 +235,39 @@ def apply_overlong(
         else v
         for v, fin in zip(verdicts, finish_reasons, strict=True)
     ]
+
+
+class PolicyGenerate:
+    """The policy in this process as a `GenerateFn`: a request with a seed samples from a
+    generator seeded with it (as the rollout service does), one without from `generator`."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        *,
+        generator: torch.Generator | None = None,
+        version: Callable[[], int] = lambda: 0,
+    ) -> None:
+        self.policy = policy
+        self.generator = generator
+        self.version = version
+
+    def __call__(self, prompts: list[list[int]], n: int, sampling: SamplingSettings) -> VersionedGeneration:
+        gen = self.generator
+        if sampling.seed is not None:
+            gen = torch.Generator().manual_seed(sampling.seed)
+        out = generate(
+            self.policy.model,
+            [ids for ids in prompts for _ in range(n)],
+            max_new_tokens=sampling.max_tokens,
+            eos_ids=self.policy.eos_token_ids,
+            pad_id=self.policy.pad_token_id,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            greedy=sampling.greedy,
+            generator=None if sampling.greedy else gen,
+        )
+        return VersionedGeneration(generation=out, version=self.version(), n=n)
 
 
 def sample_completions(
@@ -134,47 +297,3 @@ def sample_completions(
         generator=generator,
     )
     return repeated, gen
-
-
-def collect_groups(
-    policy: Policy,
-    chat: ChatConfig,
-    domain: Domain,
-    problems: list[Problem],
-    *,
-    group_size: int,
-    max_new_tokens: int,
-    temperature: float,
-    top_p: float,
-    thinking: bool,
-    overlong: str,
-    policy_version: int,
-    generator: torch.Generator | None,
-) -> RolloutBatch:
-    prompt_ids, gen = sample_completions(
-        policy,
-        chat,
-        problems,
-        n=group_size,
-        max_new_tokens=max_new_tokens,
-        temperature=temperature,
-        top_p=top_p,
-        thinking=thinking,
-        generator=generator,
-    )
-    texts = policy.tokenizer.batch_decode(gen.completion_ids, skip_special_tokens=True)
-    repeated_problems = [p for p in problems for _ in range(group_size)]
-    verdicts = apply_overlong(domain.score_batch(repeated_problems, texts), gen.finish_reasons, overlong)
-    return RolloutBatch(
-        domain=domain.name,
-        problems=problems,
-        group_size=group_size,
-        prompt_ids=prompt_ids,
-        completion_ids=gen.completion_ids,
-        logprobs=gen.logprobs,
-        finish_reasons=gen.finish_reasons,
-        texts=texts,
-        verdicts=verdicts,
-        policy_version=policy_version,
-        temperature=temperature,
-    )

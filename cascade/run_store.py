@@ -50,7 +50,13 @@ class RunStore:
     # ------------------------------------------------------------------ identity
 
     def begin(
-        self, cfg: CascadeConfig, *, run_dir: Path, distill: bool, cascade_id: int | None = None
+        self,
+        cfg: CascadeConfig,
+        *,
+        run_dir: Path,
+        distill: bool,
+        cascade_id: int | None = None,
+        kind: str = "embedded",
     ) -> dict[str, Any]:
         """Create the run's rows; with `cascade_id`, run a cascade the control plane created."""
         with db.session_scope(self.engine) as s:
@@ -62,7 +68,13 @@ class RunStore:
             else:
                 cascade, stages = _existing_cascade(s, cascade_id, cfg)
             run = repo.start_run(
-                s, cascade_id=cascade.id, seed=cfg.seed, distill=distill, output_dir=str(run_dir), actor=ACTOR
+                s,
+                cascade_id=cascade.id,
+                seed=cfg.seed,
+                distill=distill,
+                output_dir=str(run_dir),
+                kind=kind,
+                actor=ACTOR,
             )
             repo.set_cascade_status(s, cascade_id=cascade.id, status="running", actor=ACTOR)
             ids = {"cascade_id": cascade.id, "run_id": run.id, "stage_ids": [st.id for st in stages]}
@@ -126,6 +138,17 @@ class RunStore:
                 actor=ACTOR,
                 detail={"stopped_by": stopped_by, "steps": steps},
             )
+
+    def stage_failed(self, index: int, *, reason: str) -> None:
+        """The stage cannot go on (e.g. too many failed verifications): stage, run and cascade
+        failed, with the reason in the event log."""
+        cascade_id, run_id = self._ids()
+        with db.session_scope(self.engine) as s:
+            repo.transition_stage(
+                s, stage_id=self.stage_ids[index], to_state="failed", actor=ACTOR, detail={"reason": reason}
+            )
+            repo.finish_run(s, run_id=run_id, status="failed", actor=ACTOR, detail={"reason": reason})
+            repo.set_cascade_status(s, cascade_id=cascade_id, status="failed", actor=ACTOR)
 
     def finish(self, status: str) -> None:
         cascade_id, run_id = self._ids()

@@ -114,6 +114,9 @@ class LocalStack:
     workers: int = 2
     celery_workers: int = 1
     fresh: bool = False
+    resume: bool = False
+    cascade_id: int | None = None
+    follow: bool = True
     distill: bool = True
     nice: int = 0
     claim_idle_ms: int = 30_000
@@ -178,8 +181,14 @@ class LocalStack:
         argv += ["--host", "127.0.0.1", "--metrics-port", str(metrics)]
         if self.db:
             argv += ["--db", self.db]
+        if self.cascade_id is not None:
+            argv += ["--cascade-id", str(self.cascade_id)]
         if self.fresh:
-            argv.append("--fresh")
+            argv += ["--fresh", "--yes"]  # `cascade up` asked already
+        if self.resume:
+            argv.append("--resume")
+        if self.follow:
+            argv.append("--follow")
         if not self.distill:
             argv.append("--no-distill")
         proc = Proc("learner", argv, self.log_dir / "learner.log", metrics_port=metrics)

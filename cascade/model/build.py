@@ -40,6 +40,7 @@ from cascade.evaluation import evaluate_domain
 from cascade.model.chat import render_prompt
 from cascade.model.loading import Policy
 from cascade.model.tokenizer import train_tokenizer
+from cascade.rollout import PolicyGenerate
 
 TINY_DOMAINS = ("math", "code", "if")
 
@@ -162,7 +163,9 @@ def greedy_scores(
     """Each domain's greedy score on `problems`: the runner's own eval, on the model being tuned."""
     policy = Policy(model=model, tokenizer=tokenizer)
     return {
-        name: evaluate_domain(policy, chat, domains[name], probs, max_new_tokens=max_new_tokens).score
+        name: evaluate_domain(
+            PolicyGenerate(policy), tokenizer, chat, domains[name], probs, max_new_tokens=max_new_tokens
+        ).score
         for name, probs in problems.items()
     }
 

@@ -30,8 +30,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rollout", required=True, help="rollout service address host:port")
     p.add_argument("--teacher", help="teacher service address host:port (needed when a stage distils)")
     p.add_argument("--no-distill", action="store_true", help="ablation: no distillation in any stage")
-    p.add_argument("--fresh", action="store_true", help="delete the run directory first")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--resume", action="store_true", help="continue from the run's last checkpoint")
+    mode.add_argument("--fresh", action="store_true", help="delete the run directory first (asks; see --yes)")
+    p.add_argument("--yes", action="store_true", help="with --fresh: delete without asking")
     p.add_argument("--cascade-id", type=int, help="run a cascade created through the control plane (in --db)")
+    p.add_argument(
+        "--follow", action="store_true", help="when paused by an operator, wait for resume or abort (stay up)"
+    )
     p.add_argument("--torch-threads", type=int, default=1, help="torch threads (default: %(default)s)")
     p.add_argument("--host", default="0.0.0.0", help="address of the metrics port (default: %(default)s)")
     p.add_argument(
@@ -45,6 +51,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"config: {args.config} is not a file")
     if args.torch_threads < 1:
         p.error("--torch-threads must be at least 1")
+    if args.cascade_id is not None and args.db is None:
+        p.error("--cascade-id needs --db (the control plane's database)")
     return args
 
 
@@ -65,10 +73,28 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(args.torch_threads)
-    from services.learner.learner import DistributedLearner
+    from cascade.run_state import RunDirError
+    from cascade.run_store import CascadeMismatch
+    from cascade.runner.fresh import confirm_fresh
+    from cascade.runner.record import read_record, resume_command
+    from services.learner.learner import distributed_runner
 
     def log(line: str) -> None:
         print(line, flush=True)
+
+    run_dir = args.run_dir or cfg.output_dir / cfg.name
+    if args.fresh:
+        why = confirm_fresh(run_dir, yes=args.yes)
+        if why is not None:
+            print(f"error: {why}", file=sys.stderr)
+            return 2
+    db = args.db
+    cascade_id = args.cascade_id
+    record = read_record(run_dir) if args.resume else None
+    if record is not None and db is None and record.db_url_complete:
+        db, cascade_id = record.db_url, cascade_id or record.cascade_id
+        if db.startswith("sqlite"):
+            db, cascade_id = None, None
 
     from cascade.transport.http import start_http_server
     from services.learner.metrics import LearnerMetrics
@@ -77,31 +103,48 @@ def main(argv: list[str] | None = None) -> int:
     training = threading.Event()
     http = start_http_server(args.host, args.metrics_port, metrics.registry, health=training.is_set)
     log(f"learner metrics on {args.host}:{http.server_port}")
-    learner = DistributedLearner(
-        cfg,
-        run_dir=args.run_dir or cfg.output_dir / cfg.name,
-        db_url=args.db,
-        distill=not args.no_distill,
-        fresh=args.fresh,
-        log=log,
-        cascade_id=args.cascade_id,
-        redis_url=args.redis_url,
-        stream_prefix=args.stream_prefix or f"cascade:{cfg.name}",
-        rollout=args.rollout,
-        teacher=args.teacher,
-        on_step=metrics.observe,
-    )
+    try:
+        learner = distributed_runner(
+            cfg,
+            run_dir=run_dir,
+            db_url=db,
+            distill=not args.no_distill,
+            resume=args.resume,
+            fresh=args.fresh,
+            log=log,
+            cascade_id=cascade_id,
+            follow=args.follow,
+            redis_url=args.redis_url,
+            stream_prefix=args.stream_prefix or f"cascade:{cfg.name}",
+            rollout=args.rollout,
+            teacher=args.teacher,
+            on_step=metrics.observe,
+        )
+    except (RunDirError, CascadeMismatch, ValueError) as err:
+        http.shutdown()
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     training.set()
     try:
         result = learner.run()
     except KeyboardInterrupt:
-        log("learner interrupted")
+        log(
+            "learner interrupted; continue with: "
+            + resume_command(args.config, run_dir, read_record(run_dir), embedded=False)
+        )
         return 130
     finally:
         training.clear()
         learner.close()
         http.shutdown()
-    log(f"learner done ({result.stopped_by}); report: {result.report_dir}")
+    if result.stopped_by in ("paused", "interrupted"):
+        hint = resume_command(args.config, run_dir, read_record(run_dir), embedded=False)
+        log(f"learner stopped ({result.stopped_by}); continue with: {hint}")
+    elif result.stopped_by == "failed":
+        log("learner done (failed): see the stage's events")
+        return 1
+    else:
+        log(f"learner done ({result.stopped_by}); report: {result.report_dir}")
     return 0
 
 

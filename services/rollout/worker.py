@@ -1,9 +1,10 @@
 """`python -m services.rollout.worker`: a rollout worker of the distributed mode.
 
-Reads prompt requests from the run's Redis stream through the consumer group `rollout`, has the
-rollout service generate each request's groups (gRPC Generate, seeded per request), has the
-reward service score them (gRPC Score), publishes the scored chunk to the groups stream, and
-only then acknowledges the request. Before reading new requests it retries its own pending ones
+Reads prompt requests from the run's Redis stream through the consumer group `rollout`, turns each
+into a scored chunk with `cascade.rollout.generate_and_score` (the embedded run's own rollout
+function) with the rollout service generating (gRPC Generate, seeded per request) and the reward
+service scoring (gRPC Score), publishes the chunk to the groups stream, and only then
+acknowledges the request. Before reading new requests it retries its own pending ones
 and takes over requests other workers left pending for `--claim-idle-ms` (a worker that died
 mid-batch). Holds no model: only the tokenizer, to turn completion tokens into text.
 """
@@ -106,43 +107,33 @@ class Worker:
             time.sleep(self.args.fault_hold_s)
 
     def handle(self, message_id: str, data: dict[str, Any]) -> None:
-        from cascade.engine.base import SamplingSettings
-        from cascade.rollout import apply_overlong
+        from cascade.domains.base import Problem, RewardVerdict
+        from cascade.engine.base import SamplingSettings, VersionedGeneration
+        from cascade.rollout import PromptRequest, generate_and_score
         from cascade.transport.redis_streams import publish
-        from cascade.transport.rollout_messages import PromptRequest, ScoredChunk
 
         req = PromptRequest.from_json(data)
         log.info("took %s: batch %d request %d", message_id, req.batch, req.index)
         self._fault("before_generate")
-        t0 = time.perf_counter()
-        sampling = SamplingSettings(
-            max_tokens=req.max_tokens, temperature=req.temperature, top_p=req.top_p, seed=req.seed
-        )
-        remote = self.rollout.generate(req.prompt_ids, group_size=req.group_size, sampling=sampling)
-        gen = remote.result.generation
-        t_gen = time.perf_counter()
-        texts = self.tokenizer.batch_decode(gen.completion_ids, skip_special_tokens=True)
-        problems = [p for p in req.problem_objects() for _ in range(req.group_size)]
-        verdicts = self.reward.score(req.domain, problems, texts, reward_config=req.reward_config)
-        verdicts = apply_overlong(verdicts, gen.finish_reasons, req.overlong)
-        t_score = time.perf_counter()
-        chunk = ScoredChunk(
-            batch=req.batch,
-            index=req.index,
-            worker=self.args.name,
-            engine_version=remote.result.version,
-            sample_ids=req.sample_ids,
-            completion_ids=gen.completion_ids,
-            logprobs=gen.logprobs,
-            finish_reasons=gen.finish_reasons,
-            texts=texts,
-            verdicts=[(v.reward, v.reason, v.detail) for v in verdicts],
-            timings={"generate_s": t_gen - t0, "score_s": t_score - t_gen},
+
+        def generate_fn(prompts: list[list[int]], n: int, sampling: SamplingSettings) -> VersionedGeneration:
+            return self.rollout.generate(prompts, group_size=n, sampling=sampling).result
+
+        def decode(ids: list[list[int]]) -> list[str]:
+            return self.tokenizer.batch_decode(ids, skip_special_tokens=True)
+
+        def score(
+            domain: str, problems: list[Problem], texts: list[str], reward_config: dict[str, Any] | None
+        ) -> list[RewardVerdict]:
+            return self.reward.score(domain, problems, texts, reward_config=reward_config)
+
+        chunk = generate_and_score(
+            req, generate_fn=generate_fn, decode=decode, score=score, worker=self.args.name
         )
         publish(self.redis, self.keys.groups, chunk.to_json())
         self._fault("before_ack")
         self.requests.ack(message_id)
-        log.info("published batch %d request %d (engine v%d)", req.batch, req.index, remote.result.version)
+        log.info("published batch %d request %d (engine v%d)", req.batch, req.index, chunk.engine_version)
 
     def close(self) -> None:
         self.rollout.close()

@@ -14,12 +14,20 @@ import yaml
 from sqlalchemy import select
 
 from cascade.config import CascadeConfig, load_cascade_config
-from cascade.embedded import EmbeddedRunner, RunResult
+from cascade.embedded import RunResult, embedded_runner
 from cascade.store import repo
 from cascade.store.db import make_engine, session_scope
 from cascade.store.models import Checkpoint, Run
 
-TIMING_KEYS = ("time_rollout_s", "time_loss_s", "time_update_s", "time_step_s")
+TIMING_KEYS = (
+    "time_rollout_s",
+    "time_loss_s",
+    "time_update_s",
+    "time_step_s",
+    "time_wait_s",
+    "time_push_s",
+    "idle_fraction",
+)
 """Wall-clock metrics: the only step metrics that may differ between identical runs."""
 
 
@@ -74,7 +82,7 @@ class Logged:
 
 def run_cascade(cfg: CascadeConfig, run_dir: Path | None = None, **kwargs: Any) -> Logged:
     lines: list[str] = []
-    runner = EmbeddedRunner(cfg, run_dir=run_dir or cfg.output_dir / cfg.name, log=lines.append, **kwargs)
+    runner = embedded_runner(cfg, run_dir=run_dir or cfg.output_dir / cfg.name, log=lines.append, **kwargs)
     return Logged(runner.run(), lines)
 
 

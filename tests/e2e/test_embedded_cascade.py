@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 
 from cascade.checkpoint import latest_checkpoint
 from cascade.cli import main as cli_main
-from cascade.embedded import EmbeddedRunner, RunDirError
+from cascade.embedded import RunDirError, embedded_runner
 
 STAGE_STEPS = 4
 EVAL_GLOBAL_STEPS = [0, 2, 4, 6, 8]
@@ -194,7 +194,7 @@ def test_existing_run_dir_is_refused(main_run: dict[str, Any]) -> None:
     run_dir = main_run["run_dir"]
     before = sorted(p.name for p in run_dir.iterdir())
     with pytest.raises(RunDirError, match="--resume"):
-        EmbeddedRunner(main_run["cfg"], run_dir=run_dir, log=lambda _: None)
+        embedded_runner(main_run["cfg"], run_dir=run_dir, log=lambda _: None)
     assert sorted(p.name for p in run_dir.iterdir()) == before
 
 
@@ -203,7 +203,7 @@ def test_fresh_clears_the_run_dir(e2e, tmp_path: Path) -> None:
     run_dir = tmp_path / "runs" / "e2e"
     run_dir.mkdir(parents=True)
     (run_dir / "stale.txt").write_text("old")
-    EmbeddedRunner(cfg, run_dir=run_dir, fresh=True, log=lambda _: None)
+    embedded_runner(cfg, run_dir=run_dir, fresh=True, log=lambda _: None)
     assert not (run_dir / "stale.txt").exists()
 
 

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from cascade.config import load_cascade_config
-from cascade.embedded import EmbeddedRunner
+from cascade.embedded import embedded_runner
 from cascade.store import repo
 from cascade.store.db import make_engine, session_scope
 
@@ -60,7 +60,7 @@ def test_grpo_raises_math_on_the_trained_tiny_model(trained_tiny_model: Path, tm
     path = tmp_path / "learning.yaml"
     path.write_text(yaml.safe_dump(cfg))
     config = load_cascade_config(path)
-    result = EmbeddedRunner(config, run_dir=tmp_path / "run", log=lambda _: None).run()
+    result = embedded_runner(config, run_dir=tmp_path / "run", log=lambda _: None).run()
     assert result.finished
 
     engine = make_engine(f"sqlite:///{tmp_path / 'run' / 'cascade.db'}")

@@ -173,7 +173,7 @@ def test_pause_exits_and_resume_continues_from_the_checkpoint(
 ) -> None:
     """Without --follow a paused runner exits; `--resume` continues from the pause checkpoint."""
     from cascade.config import load_cascade_config
-    from cascade.embedded import EmbeddedRunner
+    from cascade.embedded import embedded_runner
 
     api, url = plane
     cfg_path = tmp_path / "cascade.yaml"
@@ -183,7 +183,7 @@ def test_pause_exits_and_resume_continues_from_the_checkpoint(
     run_dir = tmp_path / "runs" / "steered"
 
     def run(**kwargs: Any) -> Any:
-        runner = EmbeddedRunner(cfg, run_dir=run_dir, db_url=url, log=lambda _: None, **kwargs)
+        runner = embedded_runner(cfg, run_dir=run_dir, db_url=url, log=lambda _: None, **kwargs)
         return runner.run()
 
     results: list[Any] = []

@@ -1,0 +1,593 @@
+"""The cascade's stage loop, written once for both modes.
+
+Stages in order; in each, steps of: plan the RL batch's requests, keep `max_staleness + 1`
+batches in flight, fetch the distillation data, `rl_term` + distillation terms, `apply_update`,
+push the weights; eval of every domain on its cadence, the advance rule, best-checkpoint
+teachers, resumable checkpoints, the operator's commands from the store at every step boundary.
+
+What differs between one process and the services is passed in as `RunSources` (rollouts,
+teacher log-probs, weights): `cascade.embedded` builds the loop with in-process sources,
+`services.learner` with Redis/gRPC ones. The loop never asks which.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, OperationalError
+from transformers import PreTrainedModel
+
+from cascade.algo import PromptPassRateFilter, schedule_value, token_budget, warmup_lr_factor
+from cascade.checkpoint import (
+    latest_checkpoint,
+    load_checkpoint_state,
+    prune_checkpoints,
+    read_runner_state,
+    save_checkpoint,
+    save_model_dir,
+)
+from cascade.config import CascadeConfig, StageConfig
+from cascade.curriculum import AdvanceTracker, TeacherRegistry
+from cascade.domains import load_problems, make_domain
+from cascade.domains.base import Domain, Problem
+from cascade.evaluation import evaluate_domain
+from cascade.frozen_models import FrozenModelCache
+from cascade.model.chat import encode_prompts
+from cascade.model.loading import load_policy
+from cascade.progress import RunProgress
+from cascade.rollout import PromptRequest, RolloutBatch, merge_chunks
+from cascade.run_state import RunDirError, RunResult, RunState, rng_state_from_json, rng_state_to_json
+from cascade.run_store import RunStore
+from cascade.runner.distill import DistillData, DistillJob, distill_terms, fetch_distill
+from cascade.runner.planning import distill_seed, plan_requests
+from cascade.runner.record import RunRecord, read_record, write_record
+from cascade.runner.sources import RunSources
+from cascade.trainer import VerifierFailureError, apply_update, rl_term
+
+WAIT_NOTE_S = 30.0
+
+
+def _lr_for(stage: StageConfig, step: int) -> float:
+    return stage.grpo.learning_rate * warmup_lr_factor(step, stage.grpo.warmup_steps)
+
+
+@dataclass
+class Ticket:
+    """One RL batch in flight: its requests, submitted to the rollout source."""
+
+    batch: int
+    requests: list[PromptRequest]
+
+
+class CascadeRunner:
+    def __init__(
+        self,
+        config: CascadeConfig,
+        sources: RunSources,
+        *,
+        run_dir: Path,
+        db_url: str | None = None,
+        distill: bool = True,
+        resume: bool = False,
+        fresh: bool = False,
+        log: Callable[[str], None] = print,
+        progress: RunProgress | None = None,
+        stop_after_steps: int | None = None,
+        cascade_id: int | None = None,
+        follow: bool = False,
+        poll_s: float = 1.0,
+        on_step: Callable[[int, dict[str, Any]], None] | None = None,
+        domains: dict[str, Domain] | None = None,
+    ) -> None:
+        """`cascade_id`: run a cascade the control plane created in the `db_url` database (its
+        stages must match the config's). `follow`: when an operator pauses a stage, stay up and
+        continue when it is resumed (polling every `poll_s`) instead of returning. `on_step`:
+        called with (global step, metrics) after each step. `domains`: the verifiers for eval
+        (built from the config when not given)."""
+        self.cfg = config
+        self.sources = sources
+        self.cascade_id = cascade_id
+        self.follow = follow
+        self.poll_s = poll_s
+        self.run_dir = run_dir
+        self.distill = distill
+        self.log = log
+        self.progress = progress or RunProgress(enabled=False)
+        self.stop_after_steps = stop_after_steps
+        self.on_step = on_step
+        self.ckpt_root = run_dir / "checkpoints"
+        self.teacher_root = run_dir / "teachers"
+        if db_url is not None:
+            try:
+                make_url(db_url)
+            except ArgumentError:
+                raise RunDirError(f"--db: not a database URL: {db_url!r}") from None
+        self.previous = read_record(run_dir) if resume else None
+        self._prepare_run_dir(resume=resume, fresh=fresh)
+        self.db_url = db_url or f"sqlite:///{(run_dir / 'cascade.db').resolve()}"
+        try:
+            self.store = RunStore(self.db_url)
+        except OperationalError as err:
+            if not any(self.run_dir.iterdir()):
+                self.run_dir.rmdir()
+            raise RunDirError(f"cannot open the database: {str(err.orig).strip().splitlines()[0]}") from None
+        self.domains: dict[str, Domain] = domains or {d.name: make_domain(d) for d in config.domains}
+        self.train_problems: dict[str, list[Problem]] = {}
+        self.eval_problems: dict[str, list[Problem]] = {}
+        for d in config.domains:
+            self.train_problems[d.name] = load_problems(d, "train")
+            self.eval_problems[d.name] = load_problems(d, "eval")
+        self._by_id = {n: {p.id: p for p in probs} for n, probs in self.train_problems.items()}
+        self.generator = torch.Generator().manual_seed(config.seed)
+        torch.manual_seed(config.seed)
+        self.rng = random.Random(config.seed)
+        self.filters = {n: PromptPassRateFilter(self._filter_cfg(n)) for n in self.domains}
+        self.registry = TeacherRegistry()
+        self.frozen = FrozenModelCache(config.model.dtype)
+        self._pending_teacher_deletes: list[Path] = []
+        self._inflight: deque[Ticket] = deque()
+        self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="distill")
+        self.per_request = config.rollout.seeding == "per_request" or sources.rollouts.overlaps
+        self.attempt = uuid.uuid4().hex[:12]
+        """This process's attempt at the run: a chunk made for another attempt is never taken."""
+        self._idle_s = 0.0
+        self.state = RunState()
+        self.resume_from = latest_checkpoint(self.ckpt_root) if resume else None
+        if resume and self.resume_from is None and self.previous is not None:
+            raise RunDirError(f"{self.run_dir}: no complete checkpoint to resume from (start with --fresh)")
+
+    # ------------------------------------------------------------------ set-up
+
+    def _prepare_run_dir(self, *, resume: bool, fresh: bool) -> None:
+        if self.run_dir.exists() and fresh:
+            shutil.rmtree(self.run_dir)
+        if self.run_dir.exists() and any(self.run_dir.iterdir()) and not resume:
+            raise RunDirError(
+                f"{self.run_dir} already holds a run: pass --resume to continue it or --fresh to start over"
+            )
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+
+    def _filter_cfg(self, domain: str):
+        for s in self.cfg.stages:
+            if s.domain == domain:
+                return s.filter
+        return self.cfg.stages[0].filter
+
+    def _load(self) -> None:
+        if self.resume_from is not None:
+            self.policy = load_policy(self.resume_from, self.cfg.model.dtype)
+            saved = read_runner_state(self.resume_from)
+            self.state = RunState(**saved)
+            if self.state.py_rng is not None:
+                self.rng.setstate(rng_state_from_json(self.state.py_rng))
+            for n, f in self.filters.items():
+                if n in self.state.filters:
+                    f.load_state_dict(self.state.filters[n])
+            self.registry.load_state_dict(self.state.teachers)
+            self.store.attach(self.state.store_ids)
+            self.store.truncate_after(self.state.global_step)
+            self.log(
+                f"resumed from {self.resume_from.name}: stage {self.state.stage_index + 1}, "
+                f"step {self.state.stage_step} (global step {self.state.global_step})"
+            )
+        else:
+            self.policy = load_policy(self.cfg.model.path, self.cfg.model.dtype)
+            self.state.store_ids = self.store.begin(
+                self.cfg,
+                run_dir=self.run_dir,
+                distill=self.distill,
+                cascade_id=self.cascade_id,
+                kind=self.sources.rollouts.kind,
+            )
+        rollouts = self.sources.rollouts
+        rollouts.attach(self.policy, self.generator, lambda: self.state.policy_version)
+        if self.previous is not None:
+            rollouts.forget(self.previous.sources)
+        # what the services held for the dead process: the checkpoint's weights, its teachers
+        self.sources.weights.push(self.policy, self.state.policy_version)
+        for domain in self.registry.domains():
+            entry = self.registry.teacher(domain)
+            assert entry is not None
+            self.sources.teachers.register(domain, Path(entry.path).resolve())
+        write_record(
+            self.run_dir,
+            RunRecord.make(
+                config=self.cfg,
+                distill=self.distill,
+                kind=rollouts.kind,
+                db_url=self.db_url,
+                cascade_id=int(self.state.store_ids["cascade_id"]),
+                sources=rollouts.record(),
+            ),
+        )
+
+    # ------------------------------------------------------------------ main loop
+
+    def run(self) -> RunResult:
+        try:
+            return self._run()
+        finally:
+            self._background.shutdown(wait=False, cancel_futures=True)
+
+    def _run(self) -> RunResult:
+        self._load()
+        if self.state.finished:
+            self.log("run already finished; writing the report again")
+            return self._finish("already finished")
+        steps_this_call = 0
+        while self.state.stage_index < len(self.cfg.stages):
+            i = self.state.stage_index
+            stage = self.cfg.stages[i]
+            optimizer = torch.optim.AdamW(
+                self.policy.model.parameters(),
+                lr=stage.grpo.learning_rate,
+                weight_decay=stage.grpo.weight_decay,
+            )
+            tracker = AdvanceTracker(stage.advance)
+            resuming = self.resume_from is not None
+            if resuming:
+                assert self.resume_from is not None
+                load_checkpoint_state(self.resume_from, optimizer=optimizer, generator=self.generator)
+                self.resume_from = None
+            if resuming and self.state.stage_started:
+                tracker.load_state_dict(self.state.tracker)
+                self.store.stage_started(i)  # a stage paused by an operator runs again
+            else:
+                self.state.stage_started = True
+                self.store.stage_started(i)
+                if i == 0 and self.state.global_step == 0:
+                    self._evaluate(stage)
+            self.log(
+                f"stage {i + 1}/{len(self.cfg.stages)} '{stage.label}' ({stage.domain}), "
+                f"teachers: {self._teacher_domains(i) or 'none'}"
+            )
+            self.progress.start_stage(i, stage.label, stage.advance.max_steps, self.state.stage_step)
+            stopped_by = "max_steps"
+            while self.state.stage_step < stage.advance.max_steps:
+                command = self.store.desired_state(i)
+                if command in ("paused", "aborted"):
+                    self._discard_inflight()
+                    self._checkpoint(optimizer, tracker)
+                    self.store.acknowledge(i, command)
+                    self.log(f"stage '{stage.label}' {command} by operator at step {self.state.stage_step}")
+                    if command == "paused" and self.follow:
+                        command = self.store.wait_while_paused(i, self.poll_s)
+                        if command == "running":
+                            self.log(f"stage '{stage.label}' resumed by operator")
+                            continue
+                        self.store.acknowledge(i, command)
+                    return self._finish(command, write_report=False)
+                if command == "completed":
+                    stopped_by = "operator"
+                    break
+                try:
+                    metrics = self._step(stage, optimizer)
+                except VerifierFailureError as err:
+                    self._discard_inflight()
+                    self.store.stage_failed(i, reason=str(err))
+                    self.log(f"stage '{stage.label}' failed: {err}")
+                    return self._finish("failed", write_report=False)
+                self.progress.update(self.state.stage_step, metrics)
+                advanced = False
+                if self.state.stage_step % stage.eval.every == 0:
+                    scores = self._evaluate(stage)
+                    self.progress.set_eval(scores)
+                    value = scores.get(stage.domain, 0.0)
+                    advanced = tracker.observe(self.state.stage_step, value)
+                if self.state.stage_step % self.cfg.checkpoint.every == 0:
+                    self._checkpoint(optimizer, tracker)
+                steps_this_call += 1
+                if advanced:
+                    stopped_by = "threshold"
+                    break
+                if self.stop_after_steps is not None and steps_this_call >= self.stop_after_steps:
+                    self._discard_inflight()
+                    self._checkpoint(optimizer, tracker)
+                    self.progress.stop()
+                    return self._finish("interrupted", write_report=False)
+            if self.state.last_eval_global_step != self.state.global_step:
+                self._evaluate(stage)
+            self.progress.end_stage()
+            self.store.stage_completed(i, stopped_by=stopped_by, steps=self.state.stage_step)
+            self.log(f"stage '{stage.label}' done after {self.state.stage_step} steps ({stopped_by})")
+            self._discard_inflight()
+            self.state.stage_index += 1
+            self.state.stage_step = 0
+            self.state.stage_started = False
+            self.state.tracker = {}
+            self._checkpoint(None, None)
+        self.state.finished = True
+        self._checkpoint(None, None)
+        return self._finish("completed")
+
+    def _teacher_domains(self, stage_index: int) -> list[str]:
+        if not self.distill:
+            return []
+        return [d for d in self.cfg.teachers_for(stage_index) if self.registry.teacher(d) is not None]
+
+    # ------------------------------------------------------------------ one step
+
+    def _step(self, stage: StageConfig, optimizer: torch.optim.Optimizer) -> dict[str, float]:
+        t0 = time.perf_counter()
+        self._idle_s = 0.0
+        g = stage.grpo
+        step = self.state.stage_step
+        budget = token_budget(g.budget, step)
+        batch, distill_future = self._next_batch(stage, budget)
+        t_gen = time.perf_counter()
+        rl = rl_term(
+            self.policy.model,
+            batch,
+            g,
+            pad_id=self.policy.pad_token_id,
+            current_version=self.state.policy_version,
+            drop_zero_variance=stage.filter.drop_zero_variance,
+            ref_model=self._reference(stage),
+        )
+        fetched = self._wait(distill_future) if distill_future is not None else []
+        terms, distill_metrics = distill_terms(self.policy.model, fetched, stage)
+        lam = schedule_value(stage.distill.lam, step) if terms else 0.0
+        t_loss = time.perf_counter()
+        update = apply_update(
+            self.policy.model,
+            optimizer,
+            rl=rl,
+            distill=terms,
+            lam=lam,
+            max_grad_norm=g.max_grad_norm,
+            lr=_lr_for(stage, step),
+        )
+        self.state.policy_version += 1
+        self.state.stage_step += 1
+        self.state.global_step += 1
+        pushed = self.sources.weights.push(self.policy, self.state.policy_version)
+        t_end = time.perf_counter()
+        metrics: dict[str, Any] = {
+            **rl.metrics,
+            **distill_metrics,
+            **update,
+            "token_budget": float(budget),
+            "time_rollout_s": t_gen - t0,
+            "time_loss_s": t_loss - t_gen,
+            "time_update_s": t_end - t_loss,
+            "time_step_s": t_end - t0,
+            "time_wait_s": self._idle_s,
+            "idle_fraction": self._idle_s / max(t_end - t0, 1e-9),
+            "reasons": batch.reason_counts(),
+            **pushed,
+            **self.sources.rollouts.stats(),
+        }
+        self.store.record_step(self.state.stage_index, self.state.stage_step, self.state.global_step, metrics)
+        with (self.run_dir / "samples.jsonl").open("a") as f:
+            f.write(
+                json.dumps({"global_step": self.state.global_step, "sample_ids": batch.sample_ids}) + "\n"
+            )
+        if self.on_step is not None:
+            self.on_step(self.state.global_step, metrics)
+        return metrics
+
+    def _wait(self, future: Future[list[DistillData]]) -> list[DistillData]:
+        t0 = time.perf_counter()
+        out = future.result()
+        self._idle_s += time.perf_counter() - t0
+        return out
+
+    # ------------------------------------------------------------------ rollouts
+
+    def _encode(self, problems: list[Problem], thinking: bool) -> list[list[int]]:
+        return encode_prompts(self.policy.tokenizer, self.cfg.chat, [p.prompt for p in problems], thinking)
+
+    def _pick_problems(self, stage: StageConfig) -> list[Problem]:
+        ids = [p.id for p in self.train_problems[stage.domain]]
+        k = min(stage.grpo.prompts_per_step, len(ids))
+        picked = self.filters[stage.domain].sample(ids, k, self.rng)
+        return [self._by_id[stage.domain][pid] for pid in picked]
+
+    def _submit(self, stage: StageConfig, budget: int) -> Ticket:
+        chosen = self._pick_problems(stage)
+        seq = self.state.batches_made
+        self.state.batches_made += 1
+        reward = self.cfg.domain(stage.domain).reward
+        requests = plan_requests(
+            seed=self.cfg.seed,
+            batch=seq,
+            stage=stage,
+            problems=chosen,
+            prompt_ids=self._encode(chosen, stage.grpo.thinking),
+            budget=budget,
+            policy_version=self.state.policy_version,
+            per_request=self.per_request,
+            prompts_per_request=self.cfg.rollout.prompts_per_request,
+            reward_config=reward.model_dump(mode="json") if reward is not None else None,
+            attempt=self.attempt,
+        )
+        self.sources.rollouts.submit(requests)
+        return Ticket(seq, requests)
+
+    def _next_batch(
+        self, stage: StageConfig, budget: int
+    ) -> tuple[RolloutBatch, Future[list[DistillData]] | None]:
+        """The batch to train on now, and the step's distillation data on its way.
+
+        With `max_staleness = s`, s + 1 batches are in flight: the oldest is trained on now (made
+        by weights up to s versions old), the others generate meanwhile. A batch older than s
+        versions (possible after a long wait) is dropped and replaced."""
+        s = stage.grpo.max_staleness
+        while len(self._inflight) < s + 1:
+            self._inflight.append(self._submit(stage, budget))
+        distill = self._start_distill(stage, budget)
+        while True:
+            ticket = self._inflight.popleft()
+            t0 = time.perf_counter()
+            chunks = self.sources.rollouts.collect(ticket.batch)
+            self._idle_s += time.perf_counter() - t0
+            version = min(c.engine_version for c in chunks)
+            batch = merge_chunks(
+                ticket.requests, chunks, policy_version=version, temperature=stage.grpo.temperature
+            )
+            self._update_filter(stage.domain, batch)
+            if self.state.policy_version - batch.policy_version <= s:
+                return batch, distill
+            self.log(f"dropped a batch of version {batch.policy_version}: older than max_staleness {s}")
+            self._inflight.append(self._submit(stage, budget))
+
+    def _discard_inflight(self) -> None:
+        """Batches asked for but not trained on (stage over, pause, stop) are taken back."""
+        if self._inflight:
+            self.sources.rollouts.discard([t.batch for t in self._inflight])
+        self._inflight.clear()
+
+    def _update_filter(self, domain: str, batch: RolloutBatch) -> None:
+        rewards = batch.rewards()
+        for gi, p in enumerate(batch.problems):
+            self.filters[domain].update(p.id, rewards[gi].tolist())
+
+    # ------------------------------------------------------------------ distillation
+
+    def _start_distill(self, stage: StageConfig, budget: int) -> Future[list[DistillData]] | None:
+        """Pick the replay prompts now (the run's RNG order), fetch the data: in a thread when
+        generation runs elsewhere, here otherwise."""
+        teachers = self._teacher_domains(self.state.stage_index)
+        if not teachers:
+            return None
+        jobs = []
+        for d in teachers:
+            problems = self._distill_problems(stage, d)
+            seed = distill_seed(self.cfg.seed, self.state.global_step, d, per_request=self.per_request)
+            jobs.append(DistillJob(d, self._encode(problems, stage.grpo.thinking), seed))
+
+        def fetch() -> list[DistillData]:
+            return fetch_distill(
+                jobs,
+                stage=stage,
+                budget=budget,
+                pad_id=self.policy.pad_token_id,
+                rollouts=self.sources.rollouts,
+                teachers=self.sources.teachers,
+            )
+
+        if self.sources.rollouts.overlaps:
+            return self._background.submit(fetch)
+        done: Future[list[DistillData]] = Future()
+        done.set_result(fetch())
+        return done
+
+    def _distill_problems(self, stage: StageConfig, teacher: str) -> list[Problem]:
+        dc = stage.distill
+        pool = self.train_problems[teacher if dc.prompt_source == "replay" else stage.domain]
+        return self.rng.sample(pool, min(dc.prompts_per_teacher, len(pool)))
+
+    def _reference(self, stage: StageConfig) -> PreTrainedModel | None:
+        """The frozen stage-start policy for the k3 KL term (written once per stage)."""
+        if stage.grpo.kl_coef <= 0:
+            return None
+        path = self.run_dir / "references" / f"stage-{self.state.stage_index}"
+        if not path.exists():
+            save_model_dir(self.policy, path)
+        return self.frozen.get(f"reference-{self.state.stage_index}", path)
+
+    # ------------------------------------------------------------------ eval, teachers, checkpoints
+
+    def _trained_domains(self) -> set[str]:
+        return {s.domain for s in self.cfg.stages[: self.state.stage_index + 1]}
+
+    def _evaluate(self, stage: StageConfig) -> dict[str, float]:
+        """Greedy eval of every domain with the current weights, generated by the rollout source."""
+        scores: dict[str, float] = {}
+        budget = stage.eval.max_new_tokens or token_budget(stage.grpo.budget, self.state.stage_step)
+        trained = self._trained_domains()
+        for name, domain in self.domains.items():
+            problems = self.eval_problems[name]
+            if stage.eval.n_prompts:
+                problems = problems[: stage.eval.n_prompts]
+            result = evaluate_domain(
+                self.sources.rollouts.generate,
+                self.policy.tokenizer,
+                self.cfg.chat,
+                domain,
+                problems,
+                max_new_tokens=budget,
+                thinking=stage.grpo.thinking,
+            )
+            scores[name] = result.score
+            self.store.record_eval(
+                self.state.stage_index, self.state.stage_step, self.state.global_step, result
+            )
+            if name in trained and self.state.global_step > 0:
+                self._offer_teacher(name, result.score)
+        self.state.last_eval_global_step = self.state.global_step
+        self.log(
+            f"  eval @ step {self.state.global_step} (stage step {self.state.stage_step}): "
+            + "  ".join(f"{k} {v:.1%}" for k, v in scores.items())
+        )
+        return scores
+
+    def _offer_teacher(self, domain: str, score: float) -> None:
+        old = self.registry.teacher(domain)
+        path = self.teacher_root / f"{domain}-g{self.state.global_step:06d}"
+        if not self.registry.offer(domain, score, self.state.global_step, str(path)):
+            return
+        save_model_dir(self.policy, path)
+        self.sources.teachers.register(domain, path.resolve())
+        self.store.record_teacher(
+            self.state.stage_index,
+            self.state.stage_step,
+            self.state.global_step,
+            domain=domain,
+            score=score,
+            path=path,
+        )
+        if old is not None and Path(old.path) != path:
+            self._pending_teacher_deletes.append(Path(old.path))
+
+    def _checkpoint(self, optimizer: torch.optim.Optimizer | None, tracker: AdvanceTracker | None) -> None:
+        self.state.tracker = tracker.state_dict() if tracker is not None else {}
+        self.state.teachers = self.registry.state_dict()
+        self.state.filters = {n: f.state_dict() for n, f in self.filters.items()}
+        self.state.py_rng = rng_state_to_json(self.rng.getstate())
+        path = self.ckpt_root / f"step-{self.state.global_step:06d}"
+        opt = optimizer or torch.optim.AdamW(self.policy.model.parameters(), lr=1e-4)
+        save_checkpoint(
+            path,
+            policy=self.policy,
+            optimizer=opt,
+            generator=self.generator,
+            runner_state=self.state.__dict__.copy(),
+        )
+        self.store.record_checkpoint(
+            self.state.stage_index, self.state.stage_step, self.state.global_step, path
+        )
+        prune_checkpoints(self.ckpt_root, self.cfg.checkpoint.keep_last)
+        for old in self._pending_teacher_deletes:
+            shutil.rmtree(old, ignore_errors=True)
+        self._pending_teacher_deletes.clear()
+
+    def _finish(self, stopped_by: str, write_report: bool = True) -> RunResult:
+        report_dir = self.run_dir / "report"
+        if write_report:
+            self.store.finish(
+                status="completed" if stopped_by in ("completed", "already finished") else stopped_by
+            )
+            self.store.write_report(report_dir)
+        return RunResult(
+            run_dir=self.run_dir,
+            report_dir=report_dir,
+            finished=self.state.finished,
+            stopped_by=stopped_by,
+        )
+
+    def close(self) -> None:
+        self._background.shutdown(wait=False, cancel_futures=True)
+        self.sources.close()
