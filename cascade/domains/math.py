@@ -11,18 +11,41 @@ them and bounds each parse+verify itself:
   killed (reason `timeout`); a worker that dies is `infra_error` (the learner drops the
   sample instead of scoring it 0).
 
-Known math-verify quirks (see tests/unit/test_domain_math.py):
+Gold answers are read as the math they are, whatever their form (`gold_latex`): a gold of
+`3\\sqrt{2}` (LaTeX without delimiters, as in MATH/AIME/Olympiad answer keys) is parsed as
+`$3\\sqrt{2}$`; bare math-verify would read only its first number, 3. Already delimited or
+boxed golds are parsed as they are, a GSM8K solution by its `#### <answer>` line, and a plain
+word (`Monday`) as `\\text{...}`. tests/data/math_answer_table.jsonl is the regression table.
+
+The final answer is what follows the reasoning block (`strip_thinking`): an answer that only
+appears inside `<think>...</think>` (or before a `</think>` whose `<think>` was in the prompt)
+earns nothing. Several boxed answers are read as one set, which equals a single gold only if
+every element does, so hedging (`\\boxed{1}...\\boxed{100}`) earns nothing.
+
+Failures are attributed: anything the completion controls (its parse or comparison raising,
+running past the deadline) is a verdict on the completion (`parse_error`, `timeout`), never
+`infra_error`; a gold that cannot be parsed is the platform's (`infra_error`, logged).
+
+Known math-verify quirks (see tests/unit/test_domain_math.py and the regression table):
 - An unevaluated expression equals its value: `\\boxed{47+38}` (or just echoing "47+38" from
   the prompt) verifies against `85`. For an integer gold answer we therefore refuse answers
   that still contain arithmetic between numbers (`wrong_answer`, detail says why).
-- A percentage equals its number: `85%` verifies against `85`. Accepted (harmless here).
+- A percentage equals its number: `85%` verifies against `85`, and `10` against `10\\%`.
+  Accepted (an answer key rarely distinguishes them).
+- Units and degree signs are dropped (`5\\text{ cm}` = 5, `30^\\circ` = 30).
 - With several numbers and no `\\boxed{}`, the last one is taken ("84 then 85" -> 85).
+- Repeating decimals (`0.\\overline{3}`) are read as their integer part: we rewrite them as
+  fractions first (`normalise_notation`). An interval and the inequality that describes it
+  (`[0,\\infty)`, `x \\ge 0`) are compared as sets (`allow_set_relation_comp`).
+- Several boxed answers are one set (`answer_text`; math-verify alone does so only when they
+  are adjacent): a self-correction that boxes both answers is wrong.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import multiprocessing
 import re
 import signal
@@ -40,12 +63,15 @@ from cascade.domains.base import (
     INFRA_ERROR,
     NO_ANSWER,
     OK,
+    PARSE_ERROR,
     TIMEOUT,
     WRONG_ANSWER,
     Problem,
     RewardVerdict,
 )
 from cascade.domains.common import Candidate, LruCache, generate_problems, strip_thinking
+
+log = logging.getLogger(__name__)
 
 _NAMES = ("Tom", "Ann", "Sam", "Mia", "Ben", "Eva", "Max", "Zoe", "Leo", "Ivy")
 _ITEMS = ("apples", "pens", "cards", "books", "coins", "eggs", "cups", "toys")
@@ -120,12 +146,121 @@ def _parse_answer(text: str) -> list[Any]:
     return list(_math_verify().parse(text, parsing_timeout=None))
 
 
+_DELIMITED = re.compile(r"\\boxed|(?<!\\)\$|\\\(|\\\[")
+"""A gold already written for the parser: boxed, or in `$...$`, `\\(...\\)`, `\\[...\\]`."""
+_WORDS = re.compile(r"[A-Za-z]{2,}(?: [A-Za-z]+)*")
+"""A plain-text gold (`Monday`, `no solution`): two letters or more, words only."""
+
+
+def gold_latex(gold: str) -> str:
+    """The gold answer as text math-verify parses as the whole answer (see the module docstring).
+
+    `3\\sqrt{2}` -> `$3\\sqrt{2}$`; `Monday` -> `$\\text{Monday}$`; `$x=3$`, `\\boxed{7}` unchanged;
+    `...#### 72` (a GSM8K solution) -> `$72$`.
+    """
+    text = gold.strip()
+    if "####" in text:
+        text = text.rsplit("####", 1)[1].strip() or text
+    if _DELIMITED.search(text):
+        return text
+    if _WORDS.fullmatch(text):
+        return f"$\\text{{{text}}}$"
+    return f"${text}$"
+
+
+_REPEATING = re.compile(r"(-?)(\d*)\.(\d*)\\overline\s*\{(\d{1,30})\}")
+"""A repeating decimal `0.1\\overline{6}`, which math-verify reads as its integer part."""
+
+
+def _repeating_as_fraction(match: re.Match[str]) -> str:
+    sign, whole, fixed, period = match.groups()
+    # x = whole.fixed(period)... = (whole fixed period - whole fixed) / (10^len(fixed) (10^len(period) - 1))
+    head = int(whole + fixed or "0")
+    numerator = int(whole + fixed + period) - head
+    denominator = 10 ** len(fixed) * (10 ** len(period) - 1)
+    return f"{sign}\\frac{{{numerator}}}{{{denominator}}}"
+
+
+def normalise_notation(text: str) -> str:
+    """Rewrite notation math-verify misreads into one it reads right (gold and answer alike):
+    repeating decimals become fractions (`0.\\overline{3}` -> `\\frac{3}{9}`, not 0), and a
+    dollar sign in text mode (`\\text{\\$}42`) the plain `\\$` (not a product with 42)."""
+    if "overline" in text:
+        text = _REPEATING.sub(_repeating_as_fraction, text)
+    if "\\text" in text:
+        text = _TEXT_DOLLAR.sub(r"\\$", text)
+    return text
+
+
+_TOKEN = re.compile(r"\\[A-Za-z]+|[^\s\\{}$]")
+_TEXT_DOLLAR = re.compile(r"\\text(?:rm)?\s*\{\s*\\\$\s*\}")
+
+
+def boxed_contents(text: str) -> list[str]:
+    """The contents of every `\\boxed{...}` in `text`, in order (braces matched; escaped
+    braces `\\{ \\}` are characters, not groups; `\\boxed 5` boxes one token; an unclosed box
+    ends the scan)."""
+    out: list[str] = []
+    pos = 0
+    while (found := text.find("\\boxed", pos)) >= 0:
+        start = found + len("\\boxed")
+        while start < len(text) and text[start].isspace():
+            start += 1
+        if start >= len(text):
+            break
+        if text[start] != "{":  # `\\boxed 5`, `\\boxed\\pi`: one token
+            token = _TOKEN.match(text, start)
+            if token:
+                out.append(token.group())
+            pos = token.end() if token else start + 1
+            continue
+        depth, i = 0, start
+        while i < len(text):
+            char = text[i]
+            if char == "\\":
+                i += 2
+                continue
+            if char == "{":
+                depth += 1
+            elif char == "}":
+                depth -= 1
+                if depth == 0:
+                    break
+            i += 1
+        if depth:
+            break
+        out.append(text[start + 1 : i])
+        pos = i + 1
+    return out
+
+
+def answer_text(response: str) -> str:
+    """What math-verify parses of a final response: the response itself, except that several
+    boxed answers are all of them as one set (`\\boxed{a}\\boxed{b}`, read as {a, b}).
+
+    math-verify alone reads adjacent boxes as a set but, when each sits in its own `$...$`,
+    only the last one, so "$\\boxed{3}$. Or maybe $\\boxed{3\\sqrt2}$" would be graded as a
+    committed 3\\sqrt2. A response is judged on every answer it boxes: a hedge is a set, which
+    equals a single gold only if all its elements do.
+    """
+    if response.count("\\boxed") < 2:
+        return response
+    contents = list(dict.fromkeys(c.strip() for c in boxed_contents(response)))
+    contents = [c for c in contents if c]
+    if len(contents) < 2:
+        return f"\\boxed{{{contents[0]}}}" if contents else response
+    return "\n".join(f"\\boxed{{{c}}}" for c in contents)
+
+
 @functools.lru_cache(maxsize=1024)
 def _parse_gold(gold: str) -> tuple[Any, ...]:
-    parsed = _parse_answer(gold)
-    if not parsed and "\\boxed" not in gold:
-        parsed = _parse_answer(f"\\boxed{{{gold}}}")
-    return tuple(parsed)
+    """The parsed gold: as `gold_latex` writes it, else boxed, else as it is."""
+    gold = normalise_notation(gold)
+    for text in (gold_latex(gold), f"\\boxed{{{gold.strip()}}}", gold):
+        parsed = _parse_answer(text)
+        if parsed:
+            return tuple(parsed)
+    return ()
 
 
 _NUMERAL = re.compile(r"-?\d+(?:\.\d+)?")
@@ -141,22 +276,40 @@ def _unevaluated(gold: Sequence[Any], pred: Sequence[Any]) -> bool:
 
 
 def check_answer(gold: str, completion: str, timeout_s: float) -> Check:
-    """Score one completion against a gold answer. Must run in the main thread of its process."""
+    """Score one completion against a gold answer. Must run in the main thread of its process.
+
+    Never raises for anything the completion contains: its failures are verdicts on it.
+    """
     response = strip_thinking(completion)
     if not response:
         return NO_ANSWER, "empty response"
+    phase = "gold"
     try:
         with _deadline(timeout_s):
-            gold_parsed = _parse_gold(gold)
+            try:
+                gold_parsed = _parse_gold(gold)
+            except Exception as err:
+                log.warning("gold answer %.100r cannot be parsed", gold, exc_info=True)
+                return INFRA_ERROR, f"gold answer {gold!r:.100} cannot be parsed: {err!r:.200}"
             if not gold_parsed:
-                return INFRA_ERROR, f"gold answer {gold!r} cannot be parsed"
-            pred = _parse_answer(response)
-            if not pred:
-                return NO_ANSWER, "no answer found"
-            if _unevaluated(gold_parsed, pred):
-                return WRONG_ANSWER, f"unevaluated expression {pred[-1]!s:.60}"
-            correct = _math_verify().verify(list(gold_parsed), pred, timeout_seconds=None)
+                log.warning("gold answer %.100r parses to nothing", gold)
+                return INFRA_ERROR, f"gold answer {gold!r:.100} cannot be parsed"
+            phase = "answer"
+            try:
+                pred = _parse_answer(answer_text(normalise_notation(response)))
+                if not pred:
+                    return NO_ANSWER, "no answer found"
+                if _unevaluated(gold_parsed, pred):
+                    return WRONG_ANSWER, f"unevaluated expression {pred[-1]!s:.60}"
+                correct = _math_verify().verify(
+                    list(gold_parsed), pred, timeout_seconds=None, allow_set_relation_comp=True
+                )
+            except (Exception, RecursionError) as err:  # the completion's text made the parser fail
+                return PARSE_ERROR, f"answer cannot be checked: {type(err).__name__}"
     except _VerifyTimeout:
+        if phase == "gold":
+            log.warning("gold answer %.100r took over %gs to parse", gold, timeout_s)
+            return INFRA_ERROR, f"gold answer {gold!r:.100} took over {timeout_s:g}s to parse"
         return TIMEOUT, f"parse+verify exceeded {timeout_s:g}s"
     if correct:
         return OK, ""

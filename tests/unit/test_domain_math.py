@@ -229,3 +229,69 @@ def test_worker_crash_is_infra_error_not_zero_reward() -> None:
         assert _score_off_thread(d, ["crash"])[0].reason == NO_ANSWER
     finally:
         d.close()
+
+
+# --------------------------------------------------------------------------- golds and attribution
+
+
+@pytest.mark.parametrize(
+    ("gold", "latex"),
+    [
+        ("3\\sqrt{2}", "$3\\sqrt{2}$"),
+        ("85", "$85$"),
+        ("\\boxed{85}", "\\boxed{85}"),
+        ("$x=3$", "$x=3$"),
+        ("\\(x=3\\)", "\\(x=3\\)"),
+        ("\\$18.90", "$\\$18.90$"),
+        ("Monday", "$\\text{Monday}$"),
+        ("no solution", "$\\text{no solution}$"),
+        ("C", "$C$"),
+        ("Natalia sold 48/2 = 24 clips.\n#### 72", "$72$"),
+    ],
+)
+def test_gold_is_delimited_for_the_parser(gold: str, latex: str) -> None:
+    assert math_domain.gold_latex(gold) == latex
+
+
+def test_latex_gold_is_not_truncated_at_its_first_number(domain: MathDomain) -> None:
+    """Issue 12 item 7: `3\\sqrt{2}` used to be parsed as 3 (see the regression table)."""
+    problem = _problem("3\\sqrt{2}")
+    assert domain.score(problem, "\\boxed{3}").reason == WRONG_ANSWER
+    assert domain.score(problem, "so the answer is \\boxed{3\\sqrt{2}}").reason == OK
+
+
+def test_boxed_contents_and_several_boxes_as_one_set() -> None:
+    assert math_domain.boxed_contents("\\boxed{\\{1,2\\}} and \\boxed{\\frac{1}{2}}") == [
+        "\\{1,2\\}",
+        "\\frac{1}{2}",
+    ]
+    assert math_domain.boxed_contents("\\boxed 3 or \\boxed{3\\sqrt2}, \\boxed{unclosed") == ["3", "3\\sqrt2"]
+    assert math_domain.answer_text("$\\boxed{4}$, no: $\\boxed{5}$") == "\\boxed{4}\n\\boxed{5}"
+    assert math_domain.answer_text("\\boxed{5}, again \\boxed{ 5 }") == "\\boxed{5}"
+    assert math_domain.answer_text("just \\boxed{5}") == "just \\boxed{5}"
+
+
+def test_a_parser_failure_on_the_answer_is_a_verdict_on_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = math_domain._parse_answer
+
+    def fragile(text: str) -> list[Any]:
+        if "boom" in text:
+            raise RecursionError("maximum recursion depth exceeded")
+        return real(text)
+
+    monkeypatch.setattr(math_domain, "_parse_answer", fragile)
+    verdict = MathDomain().score(_problem(), "\\boxed{boom}")
+    assert (verdict.reason, verdict.reward) == ("parse_error", 0.0)
+    assert not verdict.is_infra_error
+
+
+def test_an_unparseable_gold_is_the_platforms_failure() -> None:
+    for gold in ("", "\\text{}"):
+        verdict = MathDomain().score(_problem(gold), "\\boxed{1}")
+        assert verdict.is_infra_error and "gold answer" in verdict.detail
+
+
+def test_repeating_decimals_are_fractions() -> None:
+    assert math_domain.normalise_notation("0.1\\overline{6}") == "\\frac{15}{90}"
+    assert math_domain.normalise_notation("-2.\\overline{142857}") == "-\\frac{2142855}{999999}"
+    assert math_domain.normalise_notation("\\text{\\$}42") == "\\$42"
