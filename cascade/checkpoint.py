@@ -81,11 +81,13 @@ def save_checkpoint(
 
 
 def load_checkpoint_state(
-    path: Path, *, optimizer: torch.optim.Optimizer, generator: torch.Generator
+    path: Path, *, optimizer: torch.optim.Optimizer | None, generator: torch.Generator
 ) -> dict[str, Any]:
-    """Restore optimizer and RNG state (the weights are loaded by `load_policy(path)`)."""
+    """Restore optimizer (None: leave it fresh) and RNG state (the weights are loaded by
+    `load_policy(path)`)."""
     blob = json.loads((path / STATE_FILE).read_text())
-    _load_optimizer(optimizer, load_file(str(path / OPTIM_FILE)), blob["optimizer"])
+    if optimizer is not None:
+        _load_optimizer(optimizer, load_file(str(path / OPTIM_FILE)), blob["optimizer"])
     rng = load_file(str(path / RNG_FILE))
     generator.set_state(rng["generator"])
     torch.set_rng_state(rng["torch_cpu"])

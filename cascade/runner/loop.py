@@ -56,7 +56,8 @@ from cascade.runner.record import RunRecord, read_record, write_record
 from cascade.runner.sources import RunSources
 from cascade.trainer import VerifierFailureError, apply_update, rl_term
 
-WAIT_NOTE_S = 30.0
+SAMPLES_LOG = "samples.jsonl"
+"""One line per step: the sample ids it trained on (a sample trained twice would show here)."""
 
 
 def _lr_for(stage: StageConfig, step: int) -> float:
@@ -178,6 +179,7 @@ class CascadeRunner:
             self.registry.load_state_dict(self.state.teachers)
             self.store.attach(self.state.store_ids)
             self.store.truncate_after(self.state.global_step)
+            self._truncate_samples_log(self.state.global_step)
             self.log(
                 f"resumed from {self.resume_from.name}: stage {self.state.stage_index + 1}, "
                 f"step {self.state.stage_step} (global step {self.state.global_step})"
@@ -213,6 +215,14 @@ class CascadeRunner:
             ),
         )
 
+    def _truncate_samples_log(self, global_step: int) -> None:
+        """Steps after the checkpoint are redone: their trained sample ids go, as their rows do."""
+        path = self.run_dir / SAMPLES_LOG
+        if not path.exists():
+            return
+        kept = [line for line in path.read_text().splitlines() if json.loads(line)["global_step"] <= global_step]
+        path.write_text("".join(f"{line}\n" for line in kept))
+
     # ------------------------------------------------------------------ main loop
 
     def run(self) -> RunResult:
@@ -239,7 +249,10 @@ class CascadeRunner:
             resuming = self.resume_from is not None
             if resuming:
                 assert self.resume_from is not None
-                load_checkpoint_state(self.resume_from, optimizer=optimizer, generator=self.generator)
+                # a checkpoint between stages holds no optimizer of the next stage: it starts fresh
+                # (loading the placeholder would give it the placeholder's lr and weight decay)
+                mid_stage = optimizer if self.state.stage_started else None
+                load_checkpoint_state(self.resume_from, optimizer=mid_stage, generator=self.generator)
                 self.resume_from = None
             if resuming and self.state.stage_started:
                 tracker.load_state_dict(self.state.tracker)
@@ -370,7 +383,7 @@ class CascadeRunner:
             **self.sources.rollouts.stats(),
         }
         self.store.record_step(self.state.stage_index, self.state.stage_step, self.state.global_step, metrics)
-        with (self.run_dir / "samples.jsonl").open("a") as f:
+        with (self.run_dir / SAMPLES_LOG).open("a") as f:
             f.write(
                 json.dumps({"global_step": self.state.global_step, "sample_ids": batch.sample_ids}) + "\n"
             )

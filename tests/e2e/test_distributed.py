@@ -193,3 +193,180 @@ def test_killed_workers_lose_no_sample_and_none_is_trained_twice(stack, e2e, tmp
     # worker-0's request came back twice (its own publish + worker-2's); a slow worker-2 request
     # may also be claimed by nobody else here (one live worker), so exactly one duplicate
     assert sum(m["duplicate_chunks"] for m in rows.step_metrics(0)) == 1
+
+
+# ---------------------------------------------------------------------- operators and faults
+
+
+def _wait(what: str, check: Any, timeout_s: float = 120, alive: Any = None) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        if alive is not None and not alive():
+            raise AssertionError(f"exited while waiting for {what}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no {what} within {timeout_s}s")
+        time.sleep(0.1)
+
+
+def _same_steps(dist: Any, emb: Any) -> None:
+    skip = set(DISTRIBUTED_ONLY) | set(TIMING)
+    assert [s[:3] for s in dist.steps] == [s[:3] for s in emb.steps]
+    for (_, _, g, a), (_, _, _, b) in zip(dist.steps, emb.steps, strict=True):
+        assert {k: v for k, v in a.items() if k not in skip} == {
+            k: v for k, v in b.items() if k not in skip
+        }, g
+
+
+TIMING = ("time_rollout_s", "time_loss_s", "time_update_s", "time_step_s")
+
+
+def test_operator_pauses_resumes_advances_and_aborts_a_distributed_run(stack, e2e, tmp_path) -> None:
+    """The learner joined to an API cascade (`--cascade-id --follow`): a REST pause keeps the stack
+    up and sends no rollout request while paused; resume continues; advance ends stage 1; a pause
+    then abort in stage 2 ends the run. The steps equal an embedded run stopped at the same steps."""
+    import redis
+    from api_procs import WRITE_TOKEN, fresh_schema, running_api
+
+    def edit(data: dict[str, Any]) -> None:
+        data["rollout"] = {"seeding": "per_request", "prompts_per_request": 2}
+        for stage in data["stages"]:
+            stage["advance"]["max_steps"] = 200
+
+    cfg_path = tmp_path / "cascade.yaml"
+    e2e.config(tmp_path, edit)
+    with fresh_schema() as url, running_api(url, tmp_path) as api:
+        status, body = api.call(
+            "POST",
+            "/api/cascades",
+            token=WRITE_TOKEN,
+            body=cfg_path.read_bytes(),
+            content_type="application/yaml",
+        )
+        assert status == 201, body
+        cascade_id = int(body["id"])
+        first, second = (s["id"] for s in body["stages"])
+
+        def stages() -> list[dict[str, Any]]:
+            return api.call("GET", f"/api/cascades/{cascade_id}")[1]["stages"]
+
+        def command(stage_id: int, name: str) -> None:
+            status, out = api.call("POST", f"/api/stages/{stage_id}/{name}", token=WRITE_TOKEN)
+            assert status == 200, out
+
+        run_dir = tmp_path / "distributed"
+        _use(stack, cfg_path, run_dir, url)
+        stack.cascade_id, stack.follow = cascade_id, True
+        client = redis.Redis.from_url(REDIS_URL)
+        try:
+            for i in range(2):
+                stack.worker(i)
+            learner = stack.start_learner()
+            alive = learner.alive
+            _wait("a step", lambda: stages()[0]["steps_done"] >= 1, alive=alive)
+            command(first, "pause")
+            _wait("the pause", lambda: stages()[0]["state"] == "paused", alive=alive)
+            requests_before = client.xlen(f"{stack.stream_prefix}:prompts")
+            took_before = [stack.procs[f"worker-{i}"].log().count("took") for i in range(2)]
+            steps = stages()[0]["steps_done"]
+            time.sleep(3.0)  # the learner polls every second: nothing may be asked for meanwhile
+            assert all(p.alive() for p in stack.procs.values()), "a pause must keep the stack up"
+            assert client.xlen(f"{stack.stream_prefix}:prompts") == requests_before
+            assert [stack.procs[f"worker-{i}"].log().count("took") for i in range(2)] == took_before
+            assert stages()[0]["steps_done"] == steps
+
+            command(first, "resume")
+            _wait("steps after resume", lambda: stages()[0]["steps_done"] >= steps + 2, alive=alive)
+            command(first, "advance")
+            _wait("stage 2 steps", lambda: stages()[1]["steps_done"] >= 2, alive=alive)
+            command(second, "pause")
+            _wait("the second pause", lambda: stages()[1]["state"] == "paused", alive=alive)
+            status, out = api.call("POST", f"/api/cascades/{cascade_id}/abort", token=WRITE_TOKEN)
+            assert status == 200 and out["changed"]
+            assert stack.wait(timeout_s=60) == 0, learner.log()[-3000:]
+        finally:
+            client.close()
+            stack.cascade_id = None
+            stack.stop_run()
+        _, detail = api.call("GET", f"/api/cascades/{cascade_id}")
+        assert detail["status"] == "aborted"
+        assert [s["state"] for s in detail["stages"]] == ["completed", "aborted"]
+        assert [(r["kind"], r["status"]) for r in detail["runs"]] == [("distributed", "aborted")]
+        rows = e2e.rows(url)
+    k1 = len(rows.step_metrics(0))
+    k2 = len(rows.step_metrics(1))
+    assert k1 >= steps + 2 and k2 >= 2
+
+    def stopped_there(data: dict[str, Any]) -> None:
+        edit(data)
+        data["stages"][0]["advance"]["max_steps"] = k1
+        data["stages"][1]["advance"]["max_steps"] = k2
+
+    embedded_dir = tmp_path / "embedded"
+    cfg = e2e.config(tmp_path / "embedded-config", stopped_there)
+    e2e.run(cfg, run_dir=embedded_dir)
+    ref = e2e.rows(e2e.sqlite_url(embedded_dir))
+    _same_steps(rows, ref)
+    # the aborted run has no final eval of stage 2; every eval it made is the embedded run's
+    assert [e[:5] for e in rows.evals] == [e[:5] for e in ref.evals][: len(rows.evals)]
+
+
+def test_killed_learner_resumes_with_weights_and_teachers_restored(
+    stack, e2e, tmp_path, postgres_url
+) -> None:
+    """SIGKILL of the learner mid-stage 2 (after a teacher was registered), and the teacher
+    service restarted empty; the learner alone, `--resume`, with the rollout service and workers
+    still up: the steps after the checkpoint are redone once, the rollout service gets the
+    checkpoint's weights and the teacher service the teachers back, and every step equals an
+    uninterrupted run's."""
+    from cascade.transport.health import wait_until_serving
+    from cascade.transport.teacher_client import TeacherClient
+
+    def edit(data: dict[str, Any]) -> None:
+        _two_stage(data)
+        for stage in data["stages"]:
+            stage["advance"]["max_steps"] = 4
+        data["checkpoint"] = {"every": 4, "keep_last": 2}
+
+    cfg = e2e.config(tmp_path, edit)
+    run_dir = tmp_path / "distributed"
+    _use(stack, tmp_path / "cascade.yaml", run_dir, postgres_url)
+    try:
+        for i in range(2):
+            stack.worker(i)
+        learner = stack.start_learner()
+        log_file = run_dir / "samples.jsonl"
+        _wait("step 6", lambda: log_file.exists() and len(_trained(run_dir)) >= 6, alive=learner.alive)
+        learner.signal_group(signal.SIGKILL)
+        learner.popen.wait(timeout=10)
+        killed_at = len(_trained(run_dir))
+        teacher = stack.procs["teacher"]
+        teacher.stop()
+        teacher.start(stack._env(), stack.nice)
+        assert wait_until_serving(teacher.address, timeout_s=60, alive=teacher.alive, poll_s=0.2) is None
+        client = TeacherClient(teacher.address)
+        assert list(client.list_teachers().teachers) == []  # a fresh teacher service knows no teacher
+        client.close()
+
+        stack.fresh, stack.resume = False, True
+        resumed = stack.start_learner()
+        assert stack.wait(timeout_s=150) == 0, resumed.log()[-3000:]
+        log = resumed.log()
+    finally:
+        stack.resume = False
+        stack.stop_run()
+    assert "resumed from step-000004" in log, log[-2000:]
+    assert killed_at >= 5
+    rows = e2e.rows(postgres_url)
+    assert rows.run_status == "completed"
+    assert [g for _, _, g, _ in rows.steps] == list(range(1, 9))  # contiguous, none twice
+    trained = _trained(run_dir)
+    assert len(trained) == 8 and len({sid for step in trained for sid in step}) == 8 * 16
+
+    embedded_dir = tmp_path / "embedded"
+    e2e.run(cfg, run_dir=embedded_dir)
+    ref = e2e.rows(e2e.sqlite_url(embedded_dir))
+    _same_steps(rows, ref)  # the distillation steps after the kill used the restored teacher
+    assert [e[:5] for e in rows.evals] == [e[:5] for e in ref.evals]

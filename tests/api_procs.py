@@ -24,7 +24,7 @@ from typing import Any
 import pg_schema
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 WRITE_TOKEN = "write-" + uuid.uuid4().hex  # random per session: the log test greps for them
 READ_TOKEN = "read-" + uuid.uuid4().hex
 
