@@ -9,6 +9,7 @@ advance ends a stage early, abort stops the run, and the step rows stay contiguo
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -218,3 +219,78 @@ def test_pause_exits_and_resume_continues_from_the_checkpoint(
     assert_contiguous(step_rows(api, cascade_id))
     _, table = api.call("GET", f"/api/cascades/{cascade_id}/regression")
     assert [r["domain"] for r in table["rows"]] == ["if", "math"]
+
+
+def test_sigkilled_runner_resumes_from_its_run_record(
+    plane: tuple[ApiServer, str], random_tiny_model: Path, tmp_path: Path
+) -> None:
+    """kill -9 of `cascade run --db ... --cascade-id N` mid-stage, then `cascade run CFG --resume
+    --run-dir DIR` with nothing else (the run directory recorded the database and the cascade):
+    the steps after the checkpoint are redone once, the run completes, and every step equals an
+    uninterrupted run's."""
+    from cascade.config import load_cascade_config
+    from cascade.embedded import embedded_runner
+    from cascade.runner.record import read_record
+
+    api, url = plane
+    cfg_path = tmp_path / "cascade.yaml"
+    data = runner_config(random_tiny_model, tmp_path / "runs", (6, 3))
+    data["checkpoint"] = {"every": 2, "keep_last": 2}
+    cascade_id = create(api, data, cfg_path)
+    run_dir = tmp_path / "runs" / "steered"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+    def start(*flags: str) -> subprocess.Popen[bytes]:
+        argv = [sys.executable, "-m", "cascade.cli", "run", str(cfg_path), "--no-progress", *flags]
+        log = (tmp_path / "runner.log").open("ab")
+        return subprocess.Popen(
+            argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+    runner = start("--db", url, "--cascade-id", str(cascade_id))
+    try:
+        wait_for("3 steps", lambda: stages(api, cascade_id)[0]["steps_done"] >= 3, proc=runner)
+        os.killpg(runner.pid, signal.SIGKILL)
+        runner.wait(timeout=10)
+        record = read_record(run_dir)
+        assert record is not None and record.kind == "embedded" and record.cascade_id == cascade_id
+        assert record.db_url == url  # no password here: recorded as given
+        runner = start("--resume", "--run-dir", str(run_dir))
+        assert runner.wait(timeout=180) == 0, (tmp_path / "runner.log").read_text()[-3000:]
+    finally:
+        if runner.poll() is None:
+            os.killpg(runner.pid, signal.SIGKILL)
+            runner.wait(timeout=10)
+    _, detail = api.call("GET", f"/api/cascades/{cascade_id}")
+    assert detail["status"] == "completed"
+    assert [(r["kind"], r["status"]) for r in detail["runs"]] == [("embedded", "completed")]
+    rows = step_rows(api, cascade_id)
+    assert_contiguous(rows)
+    assert len(rows) == 9
+    assert "resumed from step-00000" in (tmp_path / "runner.log").read_text()
+
+    reference = embedded_runner(
+        load_cascade_config(cfg_path), run_dir=tmp_path / "reference", log=lambda _: None
+    )
+    assert reference.run().stopped_by == "completed"
+    from sqlalchemy import text
+
+    from cascade.store.db import make_engine
+
+    def metrics(db: str) -> list[dict[str, Any]]:
+        engine = make_engine(db)
+        with engine.connect() as conn:
+            rows = conn.execute(text("SELECT metrics FROM steps ORDER BY global_step")).all()
+        engine.dispose()
+        out = [json.loads(m) if isinstance(m, str) else m for (m,) in rows]
+        timing = (
+            "time_rollout_s",
+            "time_loss_s",
+            "time_update_s",
+            "time_step_s",
+            "time_wait_s",
+            "idle_fraction",
+        )
+        return [{k: v for k, v in m.items() if k not in timing} for m in out]
+
+    assert metrics(url) == metrics(f"sqlite:///{tmp_path / 'reference' / 'cascade.db'}")
