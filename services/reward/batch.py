@@ -104,7 +104,15 @@ class DomainCache:
                 _close(self._domains.popitem()[1])
 
     def score(self, batch: Batch) -> list[RewardVerdict]:
-        """The batch's verdicts; a domain that cannot be built or raises gives `infra_error`s."""
+        """The batch's verdicts, one per item whatever happens.
+
+        A domain that cannot be built gives `infra_error`s. A domain that raises on the batch
+        is asked again item by item (but for `UNSPLITTABLE` ones), so one item that makes it
+        raise gets its own `infra_error` and the others their verdicts. (Domains turn what a
+        completion controls into verdicts on it themselves; an exception escaping one is the
+        platform's failure.)
+        Every `infra_error` is logged with its cause.
+        """
         n = len(batch.problems)
         try:
             domain = self.get(batch.domain)
@@ -113,12 +121,38 @@ class DomainCache:
             return infra_verdicts(n, f"cannot build the {batch.domain.name} verifier: {err!r:.300}")
         try:
             verdicts = domain.score_batch(batch.problems, batch.completions)
+            if len(verdicts) != n:
+                raise ValueError(f"verifier returned {len(verdicts)} verdicts for {n} items")
         except Exception as err:
-            log.exception("%s verifier failed on %d items", batch.domain.name, n)
-            return infra_verdicts(n, f"{batch.domain.name} verifier failed: {err!r:.300}")
-        if len(verdicts) != n:
-            return infra_verdicts(n, f"verifier returned {len(verdicts)} verdicts for {n} items")
+            name = batch.domain.name
+            if name in UNSPLITTABLE:  # its verdicts depend on the whole batch: no item alone
+                log.exception("%s verifier failed on %d items", name, n)
+                return infra_verdicts(n, f"{name} verifier failed: {err!r:.300}")
+            log.exception("%s verifier failed on a batch of %d items; scoring them one by one", name, n)
+            verdicts = [self._score_one(domain, batch, i) for i in range(n)]
+        _log_infra(batch, verdicts)
         return verdicts
+
+    @staticmethod
+    def _score_one(domain: Domain, batch: Batch, i: int) -> RewardVerdict:
+        try:
+            (verdict,) = domain.score_batch([batch.problems[i]], [batch.completions[i]])
+            return verdict
+        except Exception as err:
+            log.exception("%s verifier failed on item %s", batch.domain.name, batch.problems[i].id)
+            return RewardVerdict(0.0, INFRA_ERROR, f"{batch.domain.name} verifier failed: {err!r:.300}")
+
+
+def _log_infra(batch: Batch, verdicts: Sequence[RewardVerdict]) -> None:
+    failed = [(p.id, v.detail) for p, v in zip(batch.problems, verdicts, strict=True) if v.is_infra_error]
+    if failed:
+        log.warning(
+            "%s: %d of %d items infra_error; first: %s: %s",
+            batch.domain.name,
+            len(failed),
+            len(verdicts),
+            *failed[0],
+        )
 
 
 def _close(domain: Domain) -> None:

@@ -2,7 +2,11 @@
 
 A bad request is answered INVALID_ARGUMENT with `requests.BadRequest`'s message; nothing a
 client sends can crash the server. Verifier and worker failures are not RPC errors: they come
-back as `infra_error` verdicts (see `scoring`).
+back as `infra_error` verdicts (see `scoring`), each logged with its cause. A well-formed
+request is always answered with one verdict per item: an item whose scoring fails in an
+unexpected way gets an `infra_error`, and its neighbours keep theirs. Verdict text is
+encodable by construction (`RewardVerdict` sanitises it), and a verdict protobuf refuses all
+the same becomes an `infra_error` of its own instead of failing the batch.
 """
 
 from __future__ import annotations
@@ -14,8 +18,9 @@ from collections.abc import Iterator
 import grpc
 
 from cascade.domains import RewardVerdict
+from cascade.domains.base import INFRA_ERROR
 from cascade_proto.v1 import reward_pb2, reward_pb2_grpc
-from services.reward.batch import Batch
+from services.reward.batch import Batch, infra_verdicts
 from services.reward.metrics import RewardMetrics
 from services.reward.requests import DOMAINS, BadRequest, parse_request
 from services.reward.scoring import Dispatcher
@@ -36,7 +41,12 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
     ) -> reward_pb2.ScoreResponse:
         with _Call(self.metrics, "Score", request.domain) as call:
             batch = call.parse(request, context, self.max_items)
-            verdicts = self.dispatcher.score(batch, is_active=context.is_active, timeout_s=_wait_s(context))
+            wait_s = _wait_s(context)
+            try:
+                verdicts = self.dispatcher.score(batch, is_active=context.is_active, timeout_s=wait_s)
+            except Exception as err:  # a bug of ours: every item is unscored, the RPC still answers
+                log.exception("scoring a %s batch of %d items failed", batch.domain.name, len(batch.problems))
+                verdicts = infra_verdicts(len(batch.problems), f"reward service error: {err!r:.300}")
             call.count(verdicts)
             return reward_pb2.ScoreResponse(
                 verdicts=[_verdict(i, batch.problems[i].id, v) for i, v in enumerate(verdicts)]
@@ -48,9 +58,20 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
         with _Call(self.metrics, "ScoreStream", request.domain) as call:
             batch = call.parse(request, context, self.max_items)
             wait_s = _wait_s(context)
-            for i, verdict in self.dispatcher.stream(batch, is_active=context.is_active, timeout_s=wait_s):
-                call.count([verdict])
-                yield _verdict(i, batch.problems[i].id, verdict)
+            sent: set[int] = set()
+            try:
+                stream = self.dispatcher.stream(batch, is_active=context.is_active, timeout_s=wait_s)
+                for i, verdict in stream:
+                    call.count([verdict])
+                    sent.add(i)
+                    yield _verdict(i, batch.problems[i].id, verdict)
+            except Exception as err:  # a bug of ours: the items not yet sent are unscored
+                log.exception("streaming a %s batch failed after %d items", batch.domain.name, len(sent))
+                (failed,) = infra_verdicts(1, f"reward service error: {err!r:.300}")
+                for i in range(len(batch.problems)):
+                    if i not in sent:
+                        call.count([failed])
+                        yield _verdict(i, batch.problems[i].id, failed)
 
 
 class _Call:
@@ -99,6 +120,16 @@ def _wait_s(context: grpc.ServicerContext) -> float | None:
 
 
 def _verdict(index: int, problem_id: str, v: RewardVerdict) -> reward_pb2.Verdict:
-    return reward_pb2.Verdict(
-        index=index, problem_id=problem_id, reward=v.reward, reason=v.reason, detail=v.detail
-    )
+    try:
+        return reward_pb2.Verdict(
+            index=index, problem_id=problem_id, reward=v.reward, reason=v.reason, detail=v.detail
+        )
+    except Exception as err:  # RewardVerdict's text is encodable; this guards the guard
+        log.error("verdict %d (%s) cannot be encoded: %r", index, problem_id, err)
+        return reward_pb2.Verdict(
+            index=index,
+            problem_id=problem_id,
+            reward=0.0,
+            reason=INFRA_ERROR,
+            detail=f"verdict could not be encoded: {type(err).__name__}",
+        )

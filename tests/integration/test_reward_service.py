@@ -388,3 +388,71 @@ def test_unsandboxed_code_is_refused(service: Service) -> None:
         service.stub().Score(request, timeout=10)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "reward.sandbox: 'process' is not a sandbox" in (err.value.details() or "")
+
+
+# --------------------------------------------------------------------------- poisoned items
+
+CONTROL = "\x00\x07\x1b[2J\x1b]0;pwned\x07\r\x85\u202e"
+"""What a hostile completion writes to spoof an operator's terminal or log (valid UTF-8)."""
+
+POISONED_PROGRAMS = [
+    # Raw bytes that are not UTF-8 (an encoded lone surrogate among them) and escapes.
+    "import sys\n"
+    "sys.stdout.buffer.write(b'\\xed\\xa0\\x80\\xff\\x00\\x1b[2J\\x1b]0;pwned\\x07\\r\\n')\n"
+    "sys.stdout.flush()\n"
+    "sys.stderr.buffer.write(b'\\xed\\xa0\\x80\\x1b[31m' * 1000)\n"
+    "def f(x):\n    return -999\n",
+    # An exception whose message is a lone surrogate, control characters and 100 KB.
+    "def f(x):\n    raise ValueError('\\ud800\\udfff\\x00\\x1b[2J' * 25000)\n",
+    # A return value that is a lone surrogate.
+    "def f(x):\n    return '\\ud800\\x1b[2J'\n",
+]
+
+
+def _assert_clean(detail: str) -> None:
+    detail.encode("utf-8")
+    assert not any(ch in detail for ch in "\x00\x07\x1b\r\x85\u202e"), repr(detail)
+    assert len(detail) <= 2000
+
+
+def test_poisoned_math_completion_leaves_the_rest_of_the_batch_intact(service: Service) -> None:
+    problems = _problems("math", 4)
+    poisoned = f"{CONTROL}\\boxed{{-999{CONTROL}}}{CONTROL}" * 50
+    completions = [problems[0].answer, poisoned, problems[2].answer, WRONG["math"]]
+    request = pb.ScoreRequest(domain="math", items=_items(problems, completions))
+    for verdicts in (
+        list(service.stub().Score(request, timeout=30).verdicts),
+        sorted(service.stub().ScoreStream(request, timeout=30), key=lambda v: v.index),
+    ):
+        assert [(v.index, v.problem_id) for v in verdicts] == [(i, p.id) for i, p in enumerate(problems)]
+        assert [(v.reward, v.reason) for v in verdicts] == [
+            (1.0, "ok"),
+            (0.0, "wrong_answer"),
+            (1.0, "ok"),
+            (0.0, "wrong_answer"),
+        ]
+        for v in verdicts:
+            _assert_clean(v.detail)
+
+
+def test_poisoned_code_completions_leave_the_rest_of_the_batch_intact(service: Service) -> None:
+    """A program that writes invalid UTF-8, lone surrogates and control characters into what a
+    detail may quote gets its own verdict (never ok) and every other item its own, through the
+    Celery worker, its JSON result and the gRPC reply (a lone surrogate used to fail the RPC)."""
+    problems = _problems("code", 5)
+    completions = [
+        problems[0].answer,
+        *(f"```python\n{program}```" for program in POISONED_PROGRAMS),
+        problems[4].answer,
+    ]
+    reply = service.stub().Score(
+        pb.ScoreRequest(domain="code", items=_items(problems, completions)), timeout=60
+    )
+    verdicts = list(reply.verdicts)
+    assert [(v.index, v.problem_id) for v in verdicts] == [(i, p.id) for i, p in enumerate(problems)]
+    assert (verdicts[0].reward, verdicts[0].reason) == (1.0, "ok")
+    assert (verdicts[4].reward, verdicts[4].reason) == (1.0, "ok")
+    for v in verdicts[1:4]:
+        assert v.reward == 0.0 and v.reason != "ok", v
+    for v in verdicts:
+        _assert_clean(v.detail)
