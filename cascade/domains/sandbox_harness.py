@@ -14,8 +14,8 @@ process the program left, even outside its process group); execs the code; runs 
 line). The harness kills the child's process group at the wall-clock limit and maps what
 happened to a reason:
 
-- `timeout`: the wall-clock limit, `time_limit_s` per test (passes so far are kept), or
-  RLIMIT_CPU (SIGXCPU);
+- `timeout`: the wall-clock budget, `time_limit_s` for loading the program and all its tests
+  together (passes so far are kept), or RLIMIT_CPU (SIGXCPU);
 - `memory_limit`: MemoryError under RLIMIT_AS, or death near the limit (ru_maxrss);
 - `output_limit`: more than `max_output_bytes` written to stdout+stderr (voids all passes);
 - `parse_error`: SyntaxError, or no callable entry point after running the module;
@@ -59,8 +59,8 @@ _UID_RANGE = (1_000_000, 2_000_000_000)
 @dataclass(frozen=True)
 class SandboxLimits:
     time_limit_s: float = 2.0
-    """Wall-clock limit per test (the bubblewrap judge applies it to each test and to loading the
-    module; this plain-process harness gives a program `time_limit_s` x number of tests in all)."""
+    """One wall-clock budget per execution: loading the program and running all its tests (both
+    backends). RLIMIT_CPU is the same budget rounded up, plus one second."""
     memory_mb: int = 256
     """RLIMIT_AS of the child (total address space; a bare interpreter uses ~15 MB)."""
     max_output_bytes: int = 65536
@@ -70,6 +70,25 @@ class SandboxLimits:
     max_file_bytes: int = 1 << 20
     """RLIMIT_FSIZE: largest file the program may write."""
     max_open_files: int = 64
+
+
+def cpu_seconds(limits: SandboxLimits) -> int:
+    """RLIMIT_CPU of a program: its wall-clock budget rounded up, plus one second."""
+    return math.ceil(limits.time_limit_s) + 1
+
+
+_CONTROL_CHARS = dict.fromkeys([*range(0, 9), *range(11, 32), *range(127, 160)])
+
+
+def clean_text(value: object, max_chars: int = _DETAIL_CHARS) -> str:
+    """Text that is always encodable: lone surrogates replaced, control characters but tab
+    and newline removed, at most `max_chars` characters (a detail may quote program output)."""
+    try:
+        text = value if isinstance(value, str) else str(value)
+    except Exception:
+        text = f"<unprintable {type(value).__name__}>"
+    text = text[: max_chars * 2].encode("utf-8", "replace").decode("utf-8").translate(_CONTROL_CHARS)
+    return text if len(text) <= max_chars else text[: max_chars - 3] + "..."
 
 
 def kill_group(pid: int) -> None:
@@ -178,7 +197,7 @@ def _start_child(
         uid=uid,
         total=len(job["tests"]),
         started=started,
-        deadline=started + limits.time_limit_s * max(1, len(job["tests"])),
+        deadline=started + limits.time_limit_s,
     )
 
 
@@ -218,7 +237,7 @@ def _finish(job: _Running, limits: SandboxLimits) -> dict[str, Any]:
         record.update(
             status=final.get("status", RUNTIME_ERROR),
             passed=int(final.get("passed", 0)),
-            detail=str(final.get("detail", ""))[:_DETAIL_CHARS],
+            detail=clean_text(final.get("detail", "")),
         )
         return record
     record["passed"] = job.passed
@@ -301,7 +320,7 @@ def _child_main(
         detach(report_fd)
         os.chdir(tmpdir)
         os.environ["HOME"] = os.environ["TMPDIR"] = tmpdir
-        cpu = math.ceil(limits.time_limit_s * max(1, len(job["tests"]))) + 1
+        cpu = cpu_seconds(limits)
         apply_limits(limits, report_fd, cpu)
         if uid is not None:
             os.setgroups([])

@@ -20,7 +20,8 @@ from pathlib import Path
 ROOT = Path("/sys/fs/cgroup")
 WORKER_OVERHEAD_MB = 48
 """What the worker and judge processes themselves use, added to the program's memory cap."""
-WORKER_OVERHEAD_PIDS = 6
+WORKER_OVERHEAD_PIDS = 8
+"""bwrap, its init, the worker, its zygote, the execution's A and B, and a spare."""
 
 
 def _v2_root() -> Path | None:

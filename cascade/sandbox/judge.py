@@ -1,165 +1,246 @@
-"""Judge and program halves of one sandboxed execution (stdlib only; runs inside the sandbox).
+"""The judge of one sandboxed execution (stdlib only; runs in the warm worker, inside bubblewrap).
 
-The judge (B) forks the program process (C), sends it one test input at a time over a pipe
-and compares the JSON it sends back with the expected output; C runs the untrusted code under
-rlimits with no capabilities. The verdict is decided in B, so code in C cannot forge it. Each
-test, and loading the module, gets `time_limit_s` of wall clock; past it B kills C (`timeout`).
+The judge is the worker process itself: it holds the job (code, inputs, expected outputs), sends
+the program process (`runner`, started by `nsworker` from a clean zygote) the code and then one
+test input at a time, and compares each raw answer with the expected output here. The program
+process is not a fork of the judge, cannot see it (another PID namespace), read its memory (not
+dumpable; no ptrace under the seccomp filter) or signal it.
 
-Reasons are those of `sandbox_harness` (`ok`, `wrong_answer`, `timeout`, `memory_limit`,
-`runtime_error`, `output_limit`, `parse_error`, `infra_error`).
+Everything the program controls maps to a verdict on the program: its replies (any shape, depth
+or size), its exit, its signals, its silence. `infra_error` is reserved for the sandbox's own
+failures (setup, a dead init process), each with its cause in the detail. One wall-clock budget,
+`time_limit_s`, covers loading the program and all its tests.
+
+Status lines come from the trusted processes of the execution (never the program): `ready` from
+the program process once it is isolated and before it has the code, `setup_error`, and `end` from
+the execution's init when the program process ended (its signal, exit code and peak RSS).
 """
 
 from __future__ import annotations
 
-import builtins
 import contextlib
+import fcntl
 import json
+import math
 import os
 import select
 import signal
-import sys
 import time
-from collections.abc import Callable
 from typing import Any
 
 import sandbox_harness as harness
 
-PrepareProgram = Callable[[harness.SandboxLimits, tuple[int, int], int], None]
-"""Called in C before untrusted code runs: (limits, fds C keeps, CPU seconds)."""
-
 _REPLY_SLACK = 65536
 """Bytes a reply may carry beyond the output budget (JSON framing, returned values)."""
+_PROGRAM_REASONS = {
+    harness.RUNTIME_ERROR,
+    harness.MEMORY_LIMIT,
+    harness.OUTPUT_LIMIT,
+    harness.PARSE_ERROR,
+    harness.WRONG_ANSWER,
+}
+"""Failures the program process may claim for itself (never `ok`, `timeout` or `infra_error`)."""
 
 
-class _Ended(Exception):
-    """C stopped answering: it exited, was killed, timed out or wrote junk."""
+class Ended(Exception):
+    """The execution is over before all tests ran: `status` and `detail` are its verdict."""
 
     def __init__(self, status: str, detail: str) -> None:
         super().__init__(detail)
         self.status, self.detail = status, detail
 
 
-class _ProgramChannel:
-    """B's side of the pipes to C, with a wall-clock deadline per reply and a size cap."""
+class Channel:
+    """The judge's side of one execution: pipes to and from the program process, the status
+    pipe from the execution's trusted processes, and the execution's one deadline."""
 
-    def __init__(self, pid: int, read_fd: int, write_fd: int, limits: harness.SandboxLimits) -> None:
-        self.pid, self.read_fd, self.write_fd, self.limits = pid, read_fd, write_fd, limits
+    def __init__(self, to_fd: int, from_fd: int, status_fd: int, limits: harness.SandboxLimits) -> None:
+        self.to_fd, self.from_fd, self.status_fd, self.limits = to_fd, from_fd, status_fd, limits
+        for fd in (to_fd, from_fd, status_fd):
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_NONBLOCK)
         self.buffer = b""
-        self.max_line = limits.max_output_bytes + _REPLY_SLACK
+        self.status_buffer = b""
+        self.from_eof = self.status_eof = False
+        self.end: dict[str, Any] | None = None
+        self.records: list[dict[str, Any]] = []
+        """Status lines other than `end`: `ready` or `setup_error`."""
+        self.deadline = math.inf
+        self.max_reply = limits.max_output_bytes + _REPLY_SLACK
+
+    # ---------------------------------------------------------------- status (trusted)
+
+    def wait_ready(self, setup_timeout_s: float) -> None:
+        """Wait for the program process to be isolated; its budget starts now."""
+        deadline = time.monotonic() + setup_timeout_s
+        while not self.records:
+            if self.end is not None or self.status_eof:
+                raise Ended(harness.INFRA_ERROR, "sandbox setup failed: its processes ended without a word")
+            wait = deadline - time.monotonic()
+            if wait <= 0 or not select.select([self.status_fd], [], [], wait)[0]:
+                raise Ended(
+                    harness.INFRA_ERROR, f"sandbox setup failed: no answer within {setup_timeout_s:g}s"
+                )
+            self._read_status()
+        record = self.records.pop(0)
+        if "setup_error" in record:
+            raise Ended(harness.INFRA_ERROR, f"sandbox setup failed: {record['setup_error']}")
+        self.deadline = time.monotonic() + self.limits.time_limit_s
+
+    def _read_status(self) -> None:
+        try:
+            chunk = os.read(self.status_fd, 4096)
+        except BlockingIOError:
+            return
+        if not chunk:
+            self.status_eof = True
+        self.status_buffer += chunk
+        *lines, self.status_buffer = self.status_buffer.split(b"\n")
+        for line in lines:
+            record = json.loads(line)
+            if record.get("end"):
+                self.end = self.end or record
+            else:
+                self.records.append(record)
+
+    # ---------------------------------------------------------------- the program (untrusted)
 
     def ask(self, request: dict[str, Any]) -> dict[str, Any]:
-        try:
-            _write_all(self.write_fd, json.dumps(request).encode() + b"\n")
-        except OSError:
-            raise self._dead() from None
-        return self.receive()
+        self._send(json.dumps(request).encode() + b"\n")
+        return self._receive()
 
-    def receive(self) -> dict[str, Any]:
-        deadline = time.monotonic() + self.limits.time_limit_s
+    def _send(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            wait = self.deadline - time.monotonic()
+            if wait <= 0:
+                raise self._timeout()
+            watch = [] if self.status_eof else [self.status_fd]
+            readable, writable, _ = select.select(watch, [self.to_fd], [], wait)
+            if readable:
+                self._read_status()
+                if self.end is not None or self.status_eof:
+                    raise self._ended()
+            if writable:
+                try:
+                    view = view[os.write(self.to_fd, view) :]
+                except BlockingIOError:
+                    continue
+                except BrokenPipeError:  # the program closed its input: wait for what it does next
+                    raise self._wait_for_end() from None
+
+    def _receive(self) -> dict[str, Any]:
         while b"\n" not in self.buffer:
-            wait = deadline - time.monotonic()
-            if wait <= 0 or not select.select([self.read_fd], [], [], wait)[0]:
-                self.kill()
-                raise _Ended(harness.TIMEOUT, f"test ran past {self.limits.time_limit_s:g}s wall clock")
-            chunk = os.read(self.read_fd, 65536)
-            if not chunk:
-                raise self._dead()
-            self.buffer += chunk
-            if len(self.buffer) > self.max_line:
-                self.kill()
-                raise _Ended(
-                    harness.OUTPUT_LIMIT, f"more than {self.limits.max_output_bytes} bytes of output"
-                )
+            if self.end is not None or self.status_eof:
+                self._drain()
+                if b"\n" in self.buffer:
+                    break
+                raise self._ended()
+            wait = self.deadline - time.monotonic()
+            if wait <= 0:
+                raise self._timeout()
+            watch = [self.status_fd] + ([] if self.from_eof else [self.from_fd])
+            readable = select.select(watch, [], [], wait)[0]
+            if self.from_fd in readable:
+                self._read_program()
+            if self.status_fd in readable:
+                self._read_status()
         line, self.buffer = self.buffer.split(b"\n", 1)
         try:
             reply = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # junk, bad UTF-8, nesting past the parser's depth
             reply = None
         if not isinstance(reply, dict):
-            self.kill()
-            raise _Ended(harness.RUNTIME_ERROR, "the program wrote into the judge's pipe")
+            raise Ended(
+                harness.RUNTIME_ERROR, "the program wrote something that is not a reply into the judge's pipe"
+            )
         return reply
 
-    def kill(self) -> None:
-        with contextlib.suppress(OSError):
-            os.kill(self.pid, signal.SIGKILL)
+    def _read_program(self) -> None:
+        try:
+            chunk = os.read(self.from_fd, 65536)
+        except BlockingIOError:
+            return
+        if not chunk:
+            self.from_eof = True
+        self.buffer += chunk
+        if len(self.buffer) > self.max_reply:
+            raise Ended(harness.OUTPUT_LIMIT, f"more than {self.limits.max_output_bytes} bytes of output")
 
-    def _dead(self) -> _Ended:
-        _, status, usage = os.wait4(self.pid, 0)
-        self.pid = -1
-        if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGXCPU:
-            return _Ended(harness.TIMEOUT, "CPU time limit")
-        if usage.ru_maxrss * 1024 >= 0.9 * self.limits.memory_mb * 2**20:
-            return _Ended(harness.MEMORY_LIMIT, f"died near the {self.limits.memory_mb} MB limit")
-        if os.WIFSIGNALED(status):
-            return _Ended(harness.RUNTIME_ERROR, f"killed by signal {os.WTERMSIG(status)}")
-        return _Ended(harness.RUNTIME_ERROR, f"exited with code {os.WEXITSTATUS(status)} during the tests")
+    def _drain(self) -> None:
+        """Whatever the program wrote before it ended (it is in the pipe before its death is)."""
+        while not self.from_eof and b"\n" not in self.buffer:
+            if not select.select([self.from_fd], [], [], 0)[0]:
+                return
+            self._read_program()
+
+    def _wait_for_end(self) -> Ended:
+        while self.end is None and not self.status_eof:
+            wait = self.deadline - time.monotonic()
+            if wait <= 0 or not select.select([self.status_fd], [], [], wait)[0]:
+                return self._timeout()
+            self._read_status()
+        return self._ended()
+
+    def _timeout(self) -> Ended:
+        budget = self.limits.time_limit_s
+        return Ended(harness.TIMEOUT, f"ran past its {budget:g}s wall-clock budget (loading and all tests)")
+
+    def _ended(self) -> Ended:
+        """The verdict on a program process that ended before its tests did."""
+        if self.end is None:  # the execution's init died: nothing the program can do does that
+            return Ended(harness.INFRA_ERROR, "the execution's init process died without reporting")
+        sig, code, maxrss_kb = (int(self.end.get(k, 0)) for k in ("signal", "exit", "maxrss_kb"))
+        if sig == signal.SIGXCPU:
+            return Ended(harness.TIMEOUT, "CPU time limit")
+        if maxrss_kb * 1024 >= 0.9 * self.limits.memory_mb * 2**20:
+            return Ended(harness.MEMORY_LIMIT, f"died near the {self.limits.memory_mb} MB limit")
+        if sig:
+            return Ended(harness.RUNTIME_ERROR, f"killed by signal {sig}")
+        return Ended(harness.RUNTIME_ERROR, f"exited with code {code} before finishing its tests")
+
+    def close(self) -> None:
+        for fd in (self.to_fd, self.from_fd, self.status_fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
-def judge(
-    job: dict[str, Any], limits: harness.SandboxLimits, report_fd: int, prepare: PrepareProgram
-) -> None:
-    """Run `job`'s tests against a program process; write `+` per pass and a final JSON line."""
-    tests: list[dict[str, Any]] = job["tests"]
-    cpu_seconds = int(limits.time_limit_s * (len(tests) + 1)) + 1
-    to_program_r, to_program_w = os.pipe()
-    from_program_r, from_program_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(to_program_w)
-        os.close(from_program_r)
-        os.close(report_fd)
-        _program_main(
-            job, limits, to_program_r, from_program_w, lambda lim, fds: prepare(lim, fds, cpu_seconds)
-        )
-    os.close(to_program_r)
-    os.close(from_program_w)
-    channel = _ProgramChannel(pid, from_program_r, to_program_w, limits)
+def judge(job: dict[str, Any], channel: Channel, setup_timeout_s: float) -> tuple[str, int, str]:
+    """Run `job`'s tests through `channel`: (reason, tests passed, detail)."""
     passed = 0
-
-    def report(status: str, detail: str = "") -> None:
-        line = json.dumps({"status": status, "passed": passed, "detail": detail[:300]})
-        os.write(report_fd, line.encode() + b"\n")
-
     try:
-        loaded = channel.receive()
-        if "err" in loaded:
-            return report(*_reason(loaded["err"]))
+        channel.wait_ready(setup_timeout_s)
+        loaded = channel.ask({"code": job["code"], "entry_point": job.get("entry_point")})
+        if not loaded.get("loaded"):
+            status, detail = _reason(loaded.get("err"))
+            return status, 0, detail
         first_failure: tuple[str, str] | None = None
-        for number, test in enumerate(tests):
+        for number, test in enumerate(job["tests"]):
             failure = _run_test(channel, job, number, test)
             if failure is None:
                 passed += 1
-                os.write(report_fd, b"+\n")
                 continue
             first_failure = first_failure or failure
             if job.get("stop_on_failure", True) or failure[0] != harness.WRONG_ANSWER:
                 break
-        report(*(first_failure or (harness.OK, "")))
-    except _Ended as ended:
-        report(ended.status, ended.detail)
-    finally:
-        channel.kill()
-        if channel.pid > 0:
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(channel.pid, 0)
+        status, detail = first_failure or (harness.OK, "")
+    except Ended as ended:
+        status, detail = ended.status, ended.detail
+    if status == harness.OUTPUT_LIMIT:
+        passed = 0  # even a program that caught the error gets no credit
+    return status, passed, harness.clean_text(detail)
 
 
 def _run_test(
-    channel: _ProgramChannel, job: dict[str, Any], number: int, test: dict[str, Any]
+    channel: Channel, job: dict[str, Any], number: int, test: dict[str, Any]
 ) -> tuple[str, str] | None:
     if "stdin" in test:
         reply = channel.ask({"stdin": str(test["stdin"])})
-        if "err" in reply:
-            return _reason(reply["err"])
-        got, expected = str(reply.get("stdout", "")), str(test.get("stdout", ""))
-        if harness._same_stdout(got, expected):
+        if "stdout" not in reply:
+            return _reason(reply.get("err"))
+        got, expected = reply["stdout"], str(test.get("stdout", ""))
+        if not isinstance(got, str):
+            return harness.RUNTIME_ERROR, "the program sent a malformed reply"
+        if _safely(harness._same_stdout, got, expected):
             return None
         return (
             harness.WRONG_ANSWER,
@@ -169,96 +250,25 @@ def _run_test(
         return harness.INFRA_ERROR, "function-call test but the job has no entry_point"
     args = test["args"] if "args" in test else [test["input"]]
     reply = channel.ask({"args": args})
-    if "err" in reply:
-        return _reason(reply["err"])
-    if harness._same_value(reply.get("value"), test["output"]):
+    if "value" not in reply:
+        return _reason(reply.get("err"))
+    if _safely(harness._same_value, reply["value"], test["output"]):
         return None
     shown = f"{job['entry_point']}({', '.join(map(repr, args))})"[:80]
-    got = harness._short(reply.get("value"))
+    got = harness._short(reply["value"])
     return harness.WRONG_ANSWER, f"test {number}: {shown} = {got}, expected {harness._short(test['output'])}"
 
 
-_PROGRAM_REASONS = {
-    harness.RUNTIME_ERROR,
-    harness.MEMORY_LIMIT,
-    harness.OUTPUT_LIMIT,
-    harness.PARSE_ERROR,
-    harness.WRONG_ANSWER,
-}
+def _safely(compare: Any, got: Any, expected: Any) -> bool:
+    """A comparison of plain JSON data the judge parsed itself; one that cannot finish is a miss."""
+    try:
+        return bool(compare(got, expected))
+    except (RecursionError, ValueError, TypeError, OverflowError):
+        return False
 
 
 def _reason(err: Any) -> tuple[str, str]:
-    """A reason sent by C; C runs untrusted code, so it may only claim a failure, never `ok`."""
+    """A failure the program process reports for itself: only a failure, only a known one."""
     if isinstance(err, list) and len(err) == 2 and err[0] in _PROGRAM_REASONS:
-        return str(err[0]), str(err[1])[:300]
+        return str(err[0]), harness.clean_text(err[1])
     return harness.RUNTIME_ERROR, "the program sent a malformed reply"
-
-
-# --------------------------------------------------------------------------- the program (C)
-
-
-def _program_main(
-    job: dict[str, Any],
-    limits: harness.SandboxLimits,
-    read_fd: int,
-    write_fd: int,
-    prepare: Callable[[harness.SandboxLimits, tuple[int, int]], None],
-) -> None:
-    """Load the untrusted code, then answer the judge's test requests. Never returns."""
-    try:
-        prepare(limits, (read_fd, write_fd))
-        budget = [limits.max_output_bytes, 0]
-        stdout = harness._CappedStream(budget, keep=True)
-        sys.stdout, sys.stderr = stdout, harness._CappedStream(budget, keep=False)
-
-        def send(reply: dict[str, Any]) -> None:
-            if budget[1]:
-                reply = {
-                    "err": [harness.OUTPUT_LIMIT, f"more than {limits.max_output_bytes} bytes of output"]
-                }
-            _write_all(write_fd, json.dumps(reply).encode() + b"\n")
-
-        function = None
-        try:
-            compiled = compile(job["code"], "<solution>", "exec")
-        except (SyntaxError, ValueError) as err:
-            send({"err": [harness.PARSE_ERROR, f"{type(err).__name__}: {err}"]})
-            os._exit(0)
-        entry = job.get("entry_point")
-        if entry:
-            namespace: dict[str, Any] = {"__name__": "solution", "__builtins__": builtins}
-            try:
-                exec(compiled, namespace)
-            except BaseException as err:
-                send({"err": list(harness._classify(err))})
-                os._exit(0)
-            function = namespace.get(entry)
-            if not callable(function):
-                send({"err": [harness.PARSE_ERROR, f"no function {entry!r} defined"]})
-                os._exit(0)
-        send({"ready": True})
-        requests = os.fdopen(read_fd, "rb")
-        for line in requests:
-            request = json.loads(line)
-            try:
-                if "stdin" in request:
-                    reply: dict[str, Any] = {
-                        "stdout": harness._run_as_script(compiled, request["stdin"], stdout)
-                    }
-                else:
-                    assert function is not None
-                    value = function(*request["args"])
-                    try:
-                        reply = {"value": harness._normalise(value)}
-                    except BaseException:
-                        reply = {
-                            "err": [
-                                harness.WRONG_ANSWER,
-                                f"returned an unserialisable {type(value).__name__}",
-                            ]
-                        }
-            except BaseException as err:
-                reply = {"err": list(harness._classify(err))}
-            send(reply)
-    finally:
-        os._exit(0)

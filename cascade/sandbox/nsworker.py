@@ -1,4 +1,4 @@
-"""The warm sandbox worker: runs inside bubblewrap and forks one isolated child per execution.
+"""The warm sandbox worker: a judge, a clean zygote, and one isolated program process per execution.
 
 Started by `cascade.sandbox.pool` as `bwrap ... python3 -I -S /sandbox/nsworker.py` (a
 non-root uid, all namespaces unshared, read-only root, empty environment). Stdlib only: it
@@ -6,15 +6,28 @@ runs with the system interpreter and no site-packages. Protocol: one JSON job pe
 (`{"i", "code", "tests", "entry_point", "stop_on_failure", "limits"}`), one JSON result per
 stdout line (`{"i", "status", "passed", "total", "detail", "seconds", "maxrss_kb", "signal"}`).
 
-Per execution the worker forks A, which enters fresh user, mount, IPC, network, UTS and PID
-namespaces, then forks B, the first process of the new PID namespace. B mounts private tmpfs
-on /tmp and /dev/shm and a /proc that shows only its own namespace, remounts /dev read-only,
-starts a session, sets its rlimits, drops every capability, sets no_new_privs and runs the
-tests (the same test driver as the plain-process harness, `sandbox_harness._run_tests`). When
-B exits, or the worker kills A at the wall-clock limit (B dies with A: PDEATHSIG), the kernel
-kills everything left in B's PID namespace, and its tmpfs, IPC objects and network
-namespace go with it: nothing survives into the next execution. B is a fork, so the
-program's module state dies with it too.
+Processes (the program process must hold nothing but its code and its inputs):
+
+- W, this worker and the judge (`judge`): reads jobs, holds their tests, compares answers. Not
+  dumpable. Before it reads any job it starts Z and never forks again.
+- Z, the zygote: a double fork of W made at start-up (so W is not its ancestor), holding only
+  the imported harness. Per execution W sends it three pipe ends and the limits (never code or
+  tests); Z forks A, kills it when W asks, reaps it and says so.
+The execution's own processes (`execution`):
+
+- A: makes the execution the OOM killer's first choice (`oom_score_adj` 1000), enters fresh
+  user, mount, IPC, network, UTS and PID namespaces (uid 0 inside, mapped to the sandbox uid),
+  then forks B.
+- B, the execution's init (PID 1 of its namespace, so the program can neither kill it nor see
+  anything outside): private tmpfs /tmp and /dev/shm, a /proc of its own namespace, /dev
+  read-only, IPC limits in the new IPC namespace, no nested namespaces (`user.max_*_namespaces`
+  0), then /proc/sys read-only. Forks C, reports how C ended, exits: the kernel then kills
+  everything left in the namespace, and its tmpfs, IPC objects and network go with it.
+- C, the program process: new session, rlimits, every capability and the bounding set dropped,
+  SECBIT_NOROOT locked, no_new_privs, the seccomp filter (`syscall_filter`); says `ready` on the
+  status pipe, closes it, and only then receives the code and the test inputs (`runner`).
+
+W kills the execution (through Z) when its one budget runs out or its tests are done.
 """
 
 from __future__ import annotations
@@ -22,230 +35,181 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import json
+import math
 import os
 import select
 import signal
+import socket
 import sys
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import judge  # noqa: E402  (bound next to this file in the sandbox)
+import execution  # noqa: E402  (bound next to this file in the sandbox)
+import judge  # noqa: E402
 import sandbox_harness as harness  # noqa: E402
 
-CLONE_NEWNS = 0x00020000
-CLONE_NEWUTS = 0x04000000
-CLONE_NEWIPC = 0x08000000
-CLONE_NEWUSER = 0x10000000
-CLONE_NEWPID = 0x20000000
-CLONE_NEWNET = 0x40000000
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
-MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
-PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 4, 24, 38
-_LINUX_CAPABILITY_VERSION_3 = 0x20080522
-_LAST_CAP = 63
-TMPFS_BYTES = 64 << 20
-"""Size of each execution's /tmp (files also obey RLIMIT_FSIZE; tmpfs pages count in the memcg)."""
-
-_libc = ctypes.CDLL(None, use_errno=True)
+SETUP_TIMEOUT_S = 10.0
+"""How long an execution's isolation may take before it is the sandbox's failure."""
+_STOP_GRACE_S = 2.0
+"""How long A may take to stop before Z kills it outright."""
+PR_SET_DUMPABLE = 4
 
 
-def _check(result: int, what: str) -> None:
-    if result != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}")
+# --------------------------------------------------------------------------- the zygote (Z)
 
 
-def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
-    def enc(s: str | None) -> bytes | None:
-        return None if s is None else s.encode()
+class Zygote:
+    """W's handle on Z: start executions, end them, know when they are gone."""
 
-    _check(_libc.mount(enc(source), enc(target), enc(fstype), flags, enc(data)), f"mount {target}")
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
 
-
-def _write(path: str, text: str) -> None:
-    with open(path, "w") as f:
-        f.write(text)
-
-
-def _enter_namespaces(uid: int, gid: int) -> None:
-    """A: fresh namespaces; the same uid/gid mapped inside, so nothing runs as (namespace) root."""
-    # The worker is not dumpable, which makes /proc/self/*_map root's; A writes its own maps.
-    _check(_libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0), "dumpable")
-    flags = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWNET | CLONE_NEWUTS | CLONE_NEWPID
-    _check(_libc.unshare(flags), "unshare")
-    _write("/proc/self/setgroups", "deny")
-    _write("/proc/self/uid_map", f"{uid} {uid} 1")
-    _write("/proc/self/gid_map", f"{gid} {gid} 1")
-
-
-def _private_mounts() -> None:
-    """B: private /tmp, /dev/shm and /proc; /dev read-only (the root already is)."""
-    _mount(None, "/", None, MS_REC | MS_PRIVATE)
-    _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={TMPFS_BYTES},mode=0700")
-    _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=1m,mode=0700")
-    _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-    keep = os.statvfs("/dev").f_flag & (MS_NOSUID | MS_NODEV | MS_NOEXEC | 1024 | 2048 | 4096)
-    _mount(None, "/dev", None, MS_REMOUNT | MS_BIND | MS_RDONLY | keep)
-
-
-class _CapHeader(ctypes.Structure):
-    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
-
-
-class _CapData(ctypes.Structure):
-    _fields_ = [
-        ("effective", ctypes.c_uint32),
-        ("permitted", ctypes.c_uint32),
-        ("inheritable", ctypes.c_uint32),
-    ]
-
-
-def _drop_privileges() -> None:
-    """B: empty the bounding set and every capability set; no_new_privs for anything it execs."""
-    for cap in range(_LAST_CAP + 1):
-        if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and ctypes.get_errno() == 22:  # EINVAL: past last
-            break
-    header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
-    data = (_CapData * 2)()
-    _check(_libc.capset(ctypes.byref(header), data), "capset")
-    _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
-
-
-def _child_b(job: dict[str, Any], limits: harness.SandboxLimits, report_fd: int) -> None:
-    """First process of the execution's PID namespace: isolate, then judge C's answers. Never returns.
-
-    The program runs in C, a child of B; B only sends it test inputs and compares what comes
-    back, so a program cannot forge its verdict (B is not dumpable and C has no capabilities,
-    so C cannot write into B either; killing B ends the execution as a runtime error).
-    """
-    code = 0
-    try:
-        _check(_libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0), "pdeathsig")
-        _check(_libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "dumpable")
-        _private_mounts()
-        harness.detach(report_fd)
-        os.chdir("/tmp")
-        os.environ.clear()
-        os.environ.update({"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/tmp", "TMPDIR": "/tmp"})
-        judge.judge(job, limits, report_fd, _start_program)
-    except BaseException as err:
-        _report_failure(report_fd, f"sandbox setup: {err}")
-        code = 70
-    finally:
-        os._exit(code)
-
-
-def _start_program(limits: harness.SandboxLimits, keep_fds: tuple[int, int], cpu_seconds: int) -> None:
-    """In C, before the program's code runs: limits, no capabilities, no_new_privs."""
-    harness.apply_limits(limits, max(keep_fds), cpu_seconds)
-    _drop_privileges()
-
-
-def _report_failure(report_fd: int, detail: str) -> None:
-    """The isolation itself failed: an `infra_error` line, never a verdict on the program."""
-    with contextlib.suppress(BaseException):
-        line = json.dumps({"status": harness.INFRA_ERROR, "passed": 0, "detail": detail})
-        os.write(report_fd, line.encode() + b"\n")
-
-
-def _child_a(job: dict[str, Any], limits: harness.SandboxLimits, report_fd: int, uid: int, gid: int) -> None:
-    """Enter the namespaces, fork B into them, report B's end (signal, peak RSS). Never returns."""
-    code = 0
-    try:
-        _enter_namespaces(uid, gid)
+    @classmethod
+    def start(cls, uid: int, gid: int) -> Zygote:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         pid = os.fork()
         if pid == 0:
-            _child_b(job, limits, report_fd)
-        _, status, usage = os.wait4(pid, 0)
-        sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0
-        exit_code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else -1
-        end = {"end": True, "signal": sig, "exit": exit_code, "maxrss_kb": usage.ru_maxrss}
-        os.write(report_fd, json.dumps(end).encode() + b"\n")
-    except BaseException as err:
-        _report_failure(report_fd, f"namespaces: {err}")
-        code = 70
+            ours.close()
+            if os.fork() == 0:
+                _zygote_main(theirs, uid, gid)
+            os._exit(0)
+        theirs.close()
+        os.waitpid(pid, 0)
+        return cls(ours)
+
+    def spawn(self, limits: dict[str, Any], fds: list[int]) -> None:
+        socket.send_fds(self.sock, [json.dumps({"limits": limits}).encode()], fds)
+        self._receive("pid")
+
+    def finish(self) -> None:
+        """Kill the execution (if it still runs) and wait until all of it is gone."""
+        with contextlib.suppress(OSError):
+            self.sock.send(b"kill")
+        self._receive("exit")
+
+    def _receive(self, key: str) -> dict[str, Any]:
+        deadline = time.monotonic() + SETUP_TIMEOUT_S
+        while True:
+            wait = deadline - time.monotonic()
+            if wait <= 0 or not select.select([self.sock], [], [], wait)[0]:
+                raise ZygoteLost(f"the zygote did not answer within {SETUP_TIMEOUT_S:g}s")
+            message = json.loads(self.sock.recv(4096) or b"null")
+            if not isinstance(message, dict):
+                raise ZygoteLost("the zygote is gone")
+            if "error" in message:
+                raise ZygoteLost(f"the zygote cannot fork: {message['error']}")
+            if key in message:
+                return message
+
+
+class ZygoteLost(RuntimeError):
+    """Z died or stopped answering: the worker must be restarted."""
+
+
+def _zygote_main(sock: socket.socket, uid: int, gid: int) -> NoReturn:
+    """Z: fork one execution per request, never holding more than its limits and pipe ends."""
+    try:
+        while True:
+            message, fds, _, _ = socket.recv_fds(sock, 1 << 16, 3)
+            if not message:
+                break
+            if len(fds) != 3:  # a "kill" for an execution that already ended
+                for fd in fds:
+                    os.close(fd)
+                continue
+            request = json.loads(message)
+            try:
+                pid = os.fork()
+            except OSError as err:
+                for fd in fds:
+                    os.close(fd)
+                sock.send(json.dumps({"error": str(err)}).encode())
+                continue
+            if pid == 0:
+                sock.close()
+                execution.run(request["limits"], fds, uid, gid)
+            for fd in fds:
+                os.close(fd)
+            sock.send(json.dumps({"pid": pid}).encode())
+            sock.send(json.dumps({"exit": _supervise(sock, pid)}).encode())
     finally:
-        os._exit(code)
+        os._exit(0)
 
 
-def run_one(job: dict[str, Any], uid: int, gid: int) -> dict[str, Any]:
+def _supervise(sock: socket.socket, pid: int) -> int:
+    """Wait until A ends, stopping it when W says so (or is gone); its wait status."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except (AttributeError, OSError):  # before Linux 5.3: poll
+        pidfd = -1
+    backstop = math.inf
+    try:
+        while True:
+            watch = [sock] + ([pidfd] if pidfd >= 0 else [])
+            wait = min(backstop - time.monotonic(), 1.0 if pidfd >= 0 else 0.005)
+            if sock in select.select(watch, [], [], max(0.0, wait))[0]:
+                sock.recv(64)  # "kill", or nothing when W is gone: either way
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, execution.STOP_SIGNAL)
+                backstop = min(backstop, time.monotonic() + _STOP_GRACE_S)
+            if time.monotonic() >= backstop:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)  # B then dies of PDEATHSIG
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                return status
+    finally:
+        if pidfd >= 0:
+            os.close(pidfd)
+
+
+# --------------------------------------------------------------------------- the worker and judge (W)
+
+
+def run_one(job: dict[str, Any], zygote: Zygote) -> dict[str, Any]:
     limits = harness.SandboxLimits(**job["limits"])
-    read_fd, write_fd = os.pipe()
     started = time.monotonic()
-    pid = os.fork()
-    if pid == 0:
-        os.close(read_fd)
-        _child_a(job, limits, write_fd, uid, gid)
-    os.close(write_fd)
-    # B enforces the per-test limit; this backstop covers a B that stops reporting.
-    deadline = started + limits.time_limit_s * (len(job["tests"]) + 1) + 1.0
-    buffer, passed, final, end, timed_out = b"", 0, None, None, False
-    while True:
-        wait = deadline - time.monotonic()
-        if wait <= 0 or not select.select([read_fd], [], [], wait)[0]:
-            timed_out = True
-            break
-        chunk = os.read(read_fd, 65536)
-        if not chunk:
-            break
-        buffer += chunk
-        *lines, buffer = buffer.split(b"\n")
-        for line in lines:
-            if line == b"+":
-                passed += 1
-            elif line:
-                with contextlib.suppress(ValueError):
-                    record = json.loads(line)
-                    if record.get("end"):
-                        end = record
-                    elif final is None:
-                        final = record
-        if len(buffer) > 65536:  # junk in the report pipe
-            break
-    with contextlib.suppress(OSError):
-        os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
-    os.close(read_fd)
-    result = _verdict(limits, passed, final, end, timed_out)
-    result.update(i=job["i"], total=len(job["tests"]), seconds=round(time.monotonic() - started, 4))
-    return result
+    to_r, to_w = os.pipe()
+    from_r, from_w = os.pipe()
+    status_r, status_w = os.pipe()
+    channel = judge.Channel(to_w, from_r, status_r, limits)
+    try:
+        try:
+            zygote.spawn(job["limits"], [to_r, from_w, status_w])
+        finally:
+            for fd in (to_r, from_w, status_w):
+                os.close(fd)
+        try:
+            status, passed, detail = judge.judge(job, channel, SETUP_TIMEOUT_S)
+        finally:
+            zygote.finish()
+    finally:
+        channel.close()
+    end = channel.end or {}
+    return {
+        "i": job["i"],
+        "status": status,
+        "passed": passed,
+        "total": len(job["tests"]),
+        "detail": detail,
+        "seconds": round(time.monotonic() - started, 4),
+        "signal": int(end.get("signal", 0)),
+        "maxrss_kb": int(end.get("maxrss_kb", 0)),
+    }
 
 
-def _verdict(
-    limits: harness.SandboxLimits,
-    passed: int,
-    final: dict[str, Any] | None,
-    end: dict[str, Any] | None,
-    timed_out: bool,
-) -> dict[str, Any]:
-    sig = int(end["signal"]) if end else 0
-    maxrss_kb = int(end["maxrss_kb"]) if end else 0
-    out: dict[str, Any] = {"signal": sig, "maxrss_kb": maxrss_kb}
-    if final is not None:
-        detail = str(final.get("detail", ""))[:300]
-        out.update(status=final.get("status", harness.RUNTIME_ERROR), passed=int(final.get("passed", 0)))
-        out["detail"] = detail
-        return out
-    out["passed"] = passed
-    if timed_out:
-        out.update(status=harness.TIMEOUT, detail=f"killed after {limits.time_limit_s:g}s wall clock")
-    elif sig == signal.SIGXCPU:
-        out.update(status=harness.TIMEOUT, detail="CPU time limit")
-    elif maxrss_kb * 1024 >= 0.9 * limits.memory_mb * 2**20:
-        out.update(status=harness.MEMORY_LIMIT, detail=f"died near the {limits.memory_mb} MB limit")
-    elif sig:
-        out.update(status=harness.RUNTIME_ERROR, detail=f"killed by signal {sig}")
-    elif end is None:
-        out.update(status=harness.INFRA_ERROR, detail="the execution ended without reporting")
-    else:
-        out.update(status=harness.RUNTIME_ERROR, detail=f"exited with code {end['exit']} before finishing")
-    return out
+def _infra(job: Any, detail: str) -> dict[str, Any]:
+    i = job.get("i") if isinstance(job, dict) else None
+    return {"i": i, "status": harness.INFRA_ERROR, "passed": 0, "total": 0, "detail": detail, "seconds": 0.0}
 
 
 def main() -> int:
-    _check(_libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "dumpable")  # no /proc/<pid>/mem for programs
-    uid, gid = os.getuid(), os.getgid()
+    execution._check(
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "dumpable"
+    )  # no /proc/<pid>/mem, no ptrace
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # inherited: an init ignores what it does not handle
+    zygote = Zygote.start(os.getuid(), os.getgid())  # before any job is read: Z never sees one
     sys.stdout.write(json.dumps({"ready": True, "pid": os.getpid()}) + "\n")
     sys.stdout.flush()
     for line in sys.stdin:
@@ -253,10 +217,13 @@ def main() -> int:
             continue
         job = json.loads(line)
         try:
-            result = run_one(job, uid, gid)
+            result = run_one(job, zygote)
+        except ZygoteLost as err:  # the worker cannot go on: report, exit, be restarted
+            sys.stdout.write(json.dumps(_infra(job, f"sandbox worker: {err}")) + "\n")
+            sys.stdout.flush()
+            return 1
         except Exception as err:  # the worker itself failed: infra_error, never a reward of 0
-            result = {"i": job.get("i"), "status": harness.INFRA_ERROR, "passed": 0, "total": 0}
-            result.update(detail=f"worker: {type(err).__name__}: {err}", seconds=0.0, signal=0, maxrss_kb=0)
+            result = _infra(job, f"sandbox worker: {type(err).__name__}: {err}")
         sys.stdout.write(json.dumps(result) + "\n")
         sys.stdout.flush()
     return 0

@@ -14,6 +14,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import json
+import logging
 import os
 import queue
 import select
@@ -34,12 +35,20 @@ from cascade.sandbox import cgroups
 HERE = Path(__file__).resolve().parent
 HARNESS_FILES = {
     "nsworker.py": HERE / "nsworker.py",
+    "execution.py": HERE / "execution.py",
     "judge.py": HERE / "judge.py",
+    "runner.py": HERE / "runner.py",
+    "syscall_filter.py": HERE / "syscall_filter.py",
     "sandbox_harness.py": HERE.parent / "domains" / "sandbox_harness.py",
 }
 _START_TIMEOUT_S = 20.0
 GROUP_PREFIX = "cascade-sbx"
 _BACKSTOP_SLACK_S = 5.0
+_SETUP_S = 10.0
+"""`nsworker.SETUP_TIMEOUT_S`: what an execution's isolation may take before its budget starts."""
+PROCESSES_AT_REST = 4
+"""Processes of an idle worker (its cgroup's count): bwrap, bwrap's init, the worker, its zygote."""
+log = logging.getLogger(__name__)
 
 _LAUNCHER = """
 import os, sys
@@ -173,7 +182,7 @@ class SandboxWorker:
                 self.group.set_limits(*wanted)
                 self._limits = wanted
             oom_before = self.group.oom_kills()
-        backstop = limits["time_limit_s"] * (len(job["tests"]) + 1) + _BACKSTOP_SLACK_S
+        backstop = limits["time_limit_s"] + 2 * _SETUP_S + _BACKSTOP_SLACK_S
         try:
             self.proc.stdin.write(json.dumps(job).encode() + b"\n")
             self.proc.stdin.flush()
@@ -182,9 +191,15 @@ class SandboxWorker:
             result = None
         if result is None or result.get("i") != job["i"]:
             self.restart()
-            return _infra(job, f"sandbox worker {self.name} stopped answering and was restarted")
+            detail = f"sandbox worker {self.name} stopped answering and was restarted"
+            log.warning("%s (job %s)", detail, job["i"])
+            return _infra(job, detail)
         if self.group is not None and self.group.oom_kills() > oom_before and result["status"] != "ok":
             result.update(status="memory_limit", detail=f"killed at the {limits['memory_mb']} MB memory cap")
+        if result.get("status") == "infra_error":
+            log.warning(
+                "sandbox worker %s: infra_error on job %s: %s", self.name, job["i"], result.get("detail")
+            )
         if not self._settled():
             self.restart()  # something of the execution outlived it: never let it meet the next one
         return result
