@@ -242,6 +242,15 @@ def cmd_up(args: argparse.Namespace) -> int:
     finally:
         stack.stop()
     print(f"all stopped (learner exit code {code})", file=sys.stderr)
+    if code != 0:
+        from cascade.runner.record import read_record, resume_command
+
+        record = read_record(stack.run_dir)
+        if record is not None:
+            print(
+                f"continue with: {resume_command(args.config, run_dir, record, embedded=False)}",
+                file=sys.stderr,
+            )
     return code
 
 

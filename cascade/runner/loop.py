@@ -220,7 +220,9 @@ class CascadeRunner:
         path = self.run_dir / SAMPLES_LOG
         if not path.exists():
             return
-        kept = [line for line in path.read_text().splitlines() if json.loads(line)["global_step"] <= global_step]
+        kept = [
+            line for line in path.read_text().splitlines() if json.loads(line)["global_step"] <= global_step
+        ]
         path.write_text("".join(f"{line}\n" for line in kept))
 
     # ------------------------------------------------------------------ main loop

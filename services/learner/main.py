@@ -140,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     if result.stopped_by in ("paused", "interrupted"):
         hint = resume_command(args.config, run_dir, read_record(run_dir), embedded=False)
         log(f"learner stopped ({result.stopped_by}); continue with: {hint}")
+    elif result.stopped_by == "aborted":
+        log("learner done (aborted by an operator)")
     elif result.stopped_by == "failed":
         log("learner done (failed): see the stage's events")
         return 1

@@ -142,6 +142,38 @@ def test_run_on_existing_run_dir_exits_2(tmp_path: Path, random_tiny_model: Path
     assert sorted(p.name for p in run_dir.iterdir()) == ["keep.txt"]
 
 
+def test_fresh_on_a_run_with_history_needs_yes_without_a_terminal(
+    tmp_path: Path, random_tiny_model: Path
+) -> None:
+    path = _write(tmp_path, _config(tmp_path, random_tiny_model), "c.yaml")
+    run_dir = tmp_path / "out" / "cli-test"
+    run_dir.mkdir(parents=True)
+    (run_dir / "keep.txt").write_text("an earlier run")
+    line = _one_error_line(_cli("run", str(path), "--fresh", "--no-progress"))
+    assert "--yes" in line and str(run_dir) in line
+    assert sorted(p.name for p in run_dir.iterdir()) == ["keep.txt"]
+    line = _one_error_line(_cli("run", str(path), "--fresh", "--resume", "--no-progress"))
+    assert "exclude" in line
+
+
+def test_fresh_asks_in_a_terminal(tmp_path: Path) -> None:
+    from cascade.runner.fresh import confirm_fresh
+
+    run_dir = tmp_path / "run"
+    assert confirm_fresh(run_dir, yes=False, interactive=False) is None  # nothing to lose
+    run_dir.mkdir()
+    (run_dir / "cascade.db").write_text("")
+    asked: list[str] = []
+    assert confirm_fresh(run_dir, yes=False, interactive=True, ask=lambda q: asked.append(q) or "yes") is None
+    assert "deletes the run" in asked[0]
+    assert (
+        confirm_fresh(run_dir, yes=False, interactive=True, ask=lambda q: "n")
+        == "not confirmed: nothing deleted"
+    )
+    assert "--yes" in (confirm_fresh(run_dir, yes=False, interactive=False) or "")
+    assert confirm_fresh(run_dir, yes=True, interactive=False) is None
+
+
 def test_report_without_report_exits_2(tmp_path: Path) -> None:
     line = _one_error_line(_cli("report", str(tmp_path)))
     assert "no report yet" in line
