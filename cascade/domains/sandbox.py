@@ -5,14 +5,17 @@ job the sandbox never reports comes back as `infra_error`, never as a reward of 
 
 Backends:
 - `bwrap` (the sandbox; `cascade.sandbox.pool`): warm bubblewrap workers started as a
-  non-root uid, one isolated fork per execution in fresh namespaces, memory and pids cgroups,
-  and a judge process that the program cannot forge. What it needs from the host is checked
-  when the first pool starts (`SandboxUnavailable` says what is missing).
-- `process` (NOT a security boundary; for hosts without bubblewrap): ONE harness subprocess
-  per call (`python -I -S sandbox_harness.py`) forks one rlimited child per program, as a
-  throwaway uid when run as root. The program shares the test driver's process (it could
-  forge its report), reads the host filesystem and has the network.
-- `auto`: `bwrap` when it works on this host, else `process` with a warning.
+  non-root uid; per execution a program process forked from a clean zygote into fresh
+  namespaces under a seccomp filter, holding only its code and the test inputs, and a judge
+  in another process that compares (see `cascade.sandbox.nsworker`). What it needs from the
+  host is checked when the first pool starts (`SandboxUnavailable` says what is missing).
+- `auto`: the same. It never falls back: without bubblewrap a code reward refuses to run
+  (`SandboxUnavailable`) unless the config says `process`.
+- `process` (NOT a security boundary; only when the config asks for it, with one loud warning
+  per process): ONE harness subprocess per call (`python -I -S sandbox_harness.py`) forks one
+  rlimited child per program, as a throwaway uid when run as root. The program shares the
+  test driver's process (it can read the expected outputs and forge its report), reads the
+  host filesystem and has the network.
 
 Test forms: `{"input": x, "output": y}` calls `entry_point(x)`; `{"args": [...], "output": y}`
 calls `entry_point(*args)`; `{"stdin": s, "stdout": t}` runs the program with `s` on stdin and
@@ -44,6 +47,7 @@ from cascade.domains.sandbox_harness import (
     TIMEOUT,
     WRONG_ANSWER,
     SandboxLimits,
+    clean_text,
     kill_group,
 )
 from cascade.sandbox.pool import BwrapSettings, SandboxUnavailable, shared_pool
@@ -129,37 +133,49 @@ def run_jobs(
         return [results[i] for i in index_of]
     if overall_timeout_s is None:
         rounds = math.ceil(len(payload_jobs) / max(1, workers))
-        longest = max(len(job["tests"]) for job in payload_jobs)
-        overall_timeout_s = 30.0 + rounds * (limits.time_limit_s * max(1, longest) + 0.5) * 1.5
+        overall_timeout_s = 30.0 + rounds * (limits.time_limit_s + 0.5) * 1.5
     payload = {"limits": asdict(limits), "workers": workers, "jobs": payload_jobs}
     results = _run_harness(payload, len(payload_jobs), overall_timeout_s)
     return [results[i] for i in index_of]
 
 
-_auto_choice: dict[BwrapSettings | None, str] = {}
+_warned_process = False
+NOT_A_BOUNDARY = (
+    "CODE REWARD WITHOUT A SANDBOX: `sandbox: process` runs every program in the plain-process "
+    "harness, which is NOT a security boundary: a program can read its tests' expected outputs, "
+    "forge its verdict, read the host's files and use the network. Use it only on a trusted "
+    "machine for trusted programs; training a policy on it teaches the policy to cheat."
+)
 
 
 def resolve_backend(backend: Backend, workers: int = 2, settings: BwrapSettings | None = None) -> str:
-    """`auto` -> `bwrap` if a pool starts here (checked once per process), else `process`."""
-    if backend != "auto":
-        return backend
-    if settings not in _auto_choice:
-        try:
-            shared_pool(max(1, workers), settings)
-            _auto_choice[settings] = "bwrap"
-        except SandboxUnavailable as err:
-            log.warning("bubblewrap sandbox unavailable, code runs in the plain-process harness "
-                        "(NOT a security boundary): %s", err)
-            _auto_choice[settings] = "process"
-    return _auto_choice[settings]
+    """`bwrap` for `auto` and `bwrap` (starting the shared pool; `SandboxUnavailable` when this
+    host cannot run it: never a silent fallback); `process` only when asked for, with one loud
+    warning per process."""
+    global _warned_process
+    if backend == "process":
+        if not _warned_process:
+            _warned_process = True
+            log.warning(NOT_A_BOUNDARY)
+        return "process"
+    try:
+        shared_pool(max(1, workers), settings)
+    except SandboxUnavailable as err:
+        raise SandboxUnavailable(
+            f"{err}\nThe code reward refuses to run without the bubblewrap sandbox "
+            f"(sandbox: {backend}). Install bubblewrap (scripts/ensure-sandbox.sh), or set "
+            "`sandbox: process` in the code reward's config to run programs unsandboxed "
+            "(NOT a security boundary)."
+        ) from None
+    return "bwrap"
 
 
 def _exec_result(record: dict[str, Any]) -> ExecResult:
     return ExecResult(
-        str(record.get("status", INFRA_ERROR)),
+        clean_text(record.get("status", INFRA_ERROR), 64),
         int(record.get("passed", 0)),
         int(record.get("total", 0)),
-        str(record.get("detail", "")),
+        clean_text(record.get("detail", "")),
         float(record.get("seconds", 0.0)),
     )
 
@@ -198,9 +214,7 @@ def _communicate(data: bytes, n: int, timeout_s: float) -> list[ExecResult]:
     for line in out.splitlines():
         try:
             record = json.loads(line)
-            results[record["i"]] = ExecResult(
-                record["status"], record["passed"], record["total"], record["detail"], record["seconds"]
-            )
+            results[record["i"]] = _exec_result(record)
         except (ValueError, KeyError, IndexError, TypeError):
             failure = failure or f"bad harness output line {line[:100]!r}"
     if not failure and proc.returncode != 0:

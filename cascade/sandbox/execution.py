@@ -203,7 +203,8 @@ def _leave_root(uid: int, gid: int) -> None:
     _write("/proc/self/setgroups", "deny")
     _write("/proc/self/uid_map", f"{uid} 0 1")
     _write("/proc/self/gid_map", f"{gid} 0 1")
-    _check(_libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "dumpable")
+    # It stays dumpable: it may read its own memory (/proc/self/mem), which holds nothing it
+    # must not see; nothing else it could reach would hold more (ptrace is filtered anyway).
 
 
 def _detach(keep: list[int]) -> None:

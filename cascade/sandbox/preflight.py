@@ -8,12 +8,13 @@ prints the report.
 from __future__ import annotations
 
 import os
+import platform
 import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from cascade.sandbox import cgroups
+from cascade.sandbox import cgroups, syscall_filter
 from cascade.sandbox.pool import BwrapSettings, SandboxPool, SandboxUnavailable
 
 __all__ = ["KUBERNETES_NEEDS", "Check", "SandboxUnavailable", "check", "format_report", "require"]
@@ -29,6 +30,10 @@ In a container or Kubernetes pod the sandbox needs:
   - securityContext.procMount: Unmasked (bwrap mounts a fresh /proc; a masked one refuses);
   - no privileged mode and no added capabilities: run the pod as a non-root uid, which is then
     the sandbox uid;
+  - an x86_64 or aarch64 kernel with seccomp filters (CONFIG_SECCOMP_FILTER): every program
+    runs under the sandbox's own filter, stacked on the pod's;
+  - IPC sysctls that the root of a new IPC namespace may write (kernel.shmmax and co., per
+    namespace on recent kernels): each execution caps its own System V IPC;
   - optional: a writable (delegated) cgroup subtree for per-execution memory and process
     caps; without it memory is capped per process (RLIMIT_AS) only."""
 
@@ -57,6 +62,9 @@ def check(settings: BwrapSettings | None = None) -> list[Check]:
     checks.append(Check("sandbox uid", uid != 0, f"{who} uid {uid}"))
     python = os.path.realpath(settings.python)
     checks.append(Check("sandbox python", os.access(python, os.X_OK), python))
+    unsupported = syscall_filter.supported()
+    detail = unsupported or f"syscall filter for {platform.machine()}"
+    checks.append(Check("seccomp", unsupported is None, detail))
     has_cgroups = settings.use_cgroups and cgroups.available()
     detail = (
         "memory and pids caps per execution" if has_cgroups else "unavailable: RLIMIT_AS per process only"
@@ -67,6 +75,15 @@ def check(settings: BwrapSettings | None = None) -> list[Check]:
     return checks
 
 
+_PROBE = """
+status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines())
+confined = status["Seccomp"].strip() == "2" and status["NoNewPrivs"].strip() == "1"
+def f(x):
+    return x + 1 if confined else "the seccomp filter is not active in the sandbox"
+"""
+"""The start check's program: right only if it runs under the seccomp filter."""
+
+
 def _start_check(settings: BwrapSettings) -> Check:
     try:
         pool = SandboxPool(1, settings)
@@ -74,7 +91,7 @@ def _start_check(settings: BwrapSettings) -> Check:
         return Check("start a worker", False, str(err))
     try:
         job = {
-            "code": "def f(x):\n    return x + 1",
+            "code": _PROBE,
             "tests": [{"input": 1, "output": 2}],
             "entry_point": "f",
         }

@@ -146,6 +146,8 @@ def test_nothing_leaks_between_executions(pool: SandboxPool) -> None:
 
 
 def test_program_runs_as_unprivileged_uid_without_capabilities(pool: SandboxPool) -> None:
+    """Not root (its own user namespace), no capability, no_new_privs, the seccomp filter on,
+    and the OOM killer's first choice."""
     code = (
         "import os\n"
         "status = dict(l.split(':', 1) for l in open('/proc/self/status').read().splitlines())\n"
@@ -153,6 +155,8 @@ def test_program_runs_as_unprivileged_uid_without_capabilities(pool: SandboxPool
         "    caps = [status[k].strip() for k in ('CapEff', 'CapPrm', 'CapBnd')]\n"
         "    ok = os.getuid() != 0 and set(caps) == {'0000000000000000'}\n"
         "    ok = ok and status['NoNewPrivs'].strip() == '1' and os.listdir('/proc') != []\n"
+        "    ok = ok and status['Seccomp'].strip() == '2' and status['CapAmb'].strip() == '0' * 16\n"
+        "    ok = ok and open('/proc/self/oom_score_adj').read().strip() == '1000'\n"
         "    return x + 1 if ok else repr((os.getuid(), caps))\n"
     )
     assert _run(pool, code)["status"] == "ok"

@@ -263,3 +263,117 @@ def test_harness_overall_timeout_gives_infra_error_only_for_unfinished_jobs(
     assert [r.status for r in results] == ["ok", "infra_error"]
     assert "exceeded" in results[1].detail
     assert len(made) == 1 and not Path(made[0]).exists()  # the killed harness's job dirs are gone
+
+
+def test_one_budget_covers_all_tests() -> None:
+    """`time_limit_s` bounds loading and all tests together, not each test."""
+    code = "import time\ndef f(x):\n    time.sleep(0.3)\n    return x + 1"
+    start = time.monotonic()
+    result = run_one(code)  # 3 tests x 0.3 s > 0.5 s
+    assert (result.status, result.passed) == ("timeout", 1)
+    assert time.monotonic() - start < 3
+
+
+def test_auto_never_falls_back_to_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    def unavailable(*_: Any) -> None:
+        raise sandbox.SandboxUnavailable("bubblewrap not found")
+
+    monkeypatch.setattr(sandbox, "shared_pool", unavailable)
+    for backend in ("auto", "bwrap"):
+        with pytest.raises(sandbox.SandboxUnavailable, match="sandbox: process") as err:
+            run_jobs([Job("def f(x):\n    return x + 1", TESTS, "f")], LIMITS, backend=backend)  # type: ignore[arg-type]
+        assert "refuses to run without the bubblewrap sandbox" in str(err.value)
+
+
+def test_process_backend_warns_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(sandbox, "_warned_process", False)
+    with caplog.at_level("WARNING", logger=sandbox.log.name):
+        for _ in range(2):
+            assert sandbox.resolve_backend("process") == "process"
+    warnings = [r for r in caplog.records if "NOT a security boundary" in r.getMessage()]
+    assert len(warnings) == 1
+
+
+def test_details_are_always_encodable() -> None:
+    code = "def f(x):\n    raise ValueError('\\ud800 \\x1b[2J\\x00' * 500)"
+    detail = run_one(code).detail
+    detail.encode("utf-8")
+    assert "\x1b" not in detail and "\x00" not in detail and len(detail) <= 300
+
+
+# --------------------------------------------------------------------------- the seccomp filter
+
+
+def _run_filter(program: bytes, arch: int, nr: int, arg0: int = 0) -> int:
+    """A classic-BPF interpreter for the instructions the filter uses, over one seccomp_data."""
+    import struct
+
+    data = struct.pack("=iIQ6Q", nr, arch, 0, arg0, 0, 0, 0, 0, 0)
+    insns = [struct.unpack("=HBBI", program[i : i + 8]) for i in range(0, len(program), 8)]
+    pc, acc = 0, 0
+    while True:
+        code, jt, jf, k = insns[pc]
+        if code == 0x20:  # ld [k]
+            acc = struct.unpack_from("=I", data, k)[0]
+        elif code == 0x06:  # ret k
+            return k
+        else:
+            taken = {0x15: acc == k, 0x35: acc >= k, 0x45: bool(acc & k)}[code]
+            pc += jt if taken else jf
+        pc += 1
+
+
+@pytest.mark.parametrize("machine", ["x86_64", "aarch64"])
+def test_seccomp_filter_denies_the_dangerous_syscalls(machine: str) -> None:
+    from cascade.sandbox import syscall_filter as sf
+
+    arch, numbers = sf._TABLES[machine]
+    program = sf.build(machine)
+    eperm, enosys = sf.SECCOMP_RET_ERRNO | 1, sf.SECCOMP_RET_ERRNO | 38
+    for name in sf.DENIED:
+        if name in numbers:
+            assert _run_filter(program, arch, numbers[name]) == eperm, name
+    for name in ("io_uring_setup", "keyctl", "bpf", "perf_event_open", "userfaultfd", "ptrace", "unshare"):
+        assert name in numbers
+    clone = numbers["clone"]
+    assert _run_filter(program, arch, clone, 17) == sf.SECCOMP_RET_ALLOW  # fork
+    assert _run_filter(program, arch, clone, 0x3D0F00) == sf.SECCOMP_RET_ALLOW  # a thread
+    for flag in (0x10000000, 0x20000000, 0x40000000, 0x00020000, 0x08000000, 0x04000000, 0x02000000):
+        assert _run_filter(program, arch, clone, flag | 17) == eperm, hex(flag)
+    assert _run_filter(program, arch, numbers["clone3"]) == enosys
+    assert _run_filter(program, arch, 0) == sf.SECCOMP_RET_ALLOW  # read / io_setup
+    assert _run_filter(program, 0x40000003, 0) == sf.SECCOMP_RET_KILL_PROCESS  # i386 compat
+    if machine == "x86_64":
+        assert _run_filter(program, arch, 0x40000000 | 1) == sf.SECCOMP_RET_KILL_PROCESS  # x32
+
+
+def test_seccomp_filter_loads_and_denies_in_a_child() -> None:
+    from cascade.sandbox import syscall_filter as sf
+
+    if sf.supported() is not None:
+        pytest.skip(str(sf.supported()))
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - child
+        import ctypes
+
+        code = 1
+        try:
+            sf.install()
+            libc = ctypes.CDLL(None, use_errno=True)
+            keyctl = sf._TABLES[os.uname().machine][1]["keyctl"]
+            denied = libc.syscall(keyctl, 0, -1, 0) < 0 and ctypes.get_errno() == 1
+            child = os.fork()  # plain fork is allowed
+            if child == 0:
+                os._exit(0)
+            os.waitpid(child, 0)
+            os.write(write_fd, b"1" if denied else b"0")
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write_fd)
+    _, status = os.waitpid(pid, 0)
+    assert os.read(read_fd, 1) == b"1" and os.waitstatus_to_exitcode(status) == 0
+    os.close(read_fd)
