@@ -74,13 +74,14 @@ class CodeReward(StrictModel):
     kind: Literal["code"] = "code"
     mode: Literal["all_pass", "pass_fraction"] = "all_pass"
     time_limit_s: float = Field(2.0, gt=0)
-    """Wall-clock limit for one program's tests."""
+    """One wall-clock budget per program: loading it and running all its tests."""
     memory_mb: int = Field(256, ge=16)
     max_output_bytes: int = Field(65536, ge=256)
     max_processes: int = Field(16, ge=1)
     sandbox: Literal["auto", "bwrap", "process"] = "auto"
-    """`bwrap`: the bubblewrap sandbox (required by the reward service); `process`: rlimited
-    forks, NOT a security boundary; `auto`: bwrap when this host can run it, else process."""
+    """`bwrap` (or `auto`, the same): the bubblewrap sandbox; without it the code reward refuses
+    to run. `process`: rlimited forks, NOT a security boundary (a program can read its expected
+    outputs); only when asked for here, with a loud warning; the reward service refuses it."""
     sandbox_uid: int = Field(61000, ge=1)
     """Non-root uid the bubblewrap sandbox runs as when the caller is root."""
 
