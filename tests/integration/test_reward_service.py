@@ -26,6 +26,7 @@ from reward_procs import Front, Proc, free_port, start_redis, start_worker
 
 from cascade.config import DomainConfig
 from cascade.domains import Problem, make_domain
+from cascade.sandbox.pool import PROCESSES_AT_REST
 from cascade_proto.v1 import reward_pb2 as pb
 from cascade_proto.v1 import reward_pb2_grpc as pb_grpc
 
@@ -335,8 +336,9 @@ SANDBOX_UID = 61000
 
 
 def _sandbox_groups_at_rest() -> dict[str, int]:
-    """Processes per sandbox worker's pids cgroup; a worker at rest has exactly 3 (bwrap, its
-    init, the worker): anything more is a program's process left behind."""
+    """Processes per sandbox worker's pids cgroup; a worker at rest has exactly
+    `PROCESSES_AT_REST` (bwrap, its init, the worker, its zygote): anything more is a program's
+    process left behind."""
     root = Path("/sys/fs/cgroup/pids")
     return {g.name: len((g / "cgroup.procs").read_text().split()) for g in root.glob("cascade-sbx-*")}
 
@@ -371,10 +373,10 @@ def test_security_corpus_through_the_service(service: Service) -> None:
     test_scores_correct_and_wrong_answers(service, "code")
     deadline = time.monotonic() + 5
     groups = _sandbox_groups_at_rest()
-    while any(n > 3 for n in groups.values()) and time.monotonic() < deadline:
+    while any(n > PROCESSES_AT_REST for n in groups.values()) and time.monotonic() < deadline:
         time.sleep(0.1)
         groups = _sandbox_groups_at_rest()
-    assert groups and all(n <= 3 for n in groups.values()), groups  # 0: a killed worker's group
+    assert groups and all(n <= PROCESSES_AT_REST for n in groups.values()), groups  # 0: a killed worker's
 
 
 def test_unsandboxed_code_is_refused(service: Service) -> None:
