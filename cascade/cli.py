@@ -65,11 +65,37 @@ def _resolve_run_flags(args: argparse.Namespace, run_dir: Path) -> str | None:
     return None
 
 
+def _config_for_run(args: argparse.Namespace):  # -> CascadeConfig; raises ConfigError
+    """The YAML given; without one, the config the control plane stored for `--cascade-id`, or
+    the one the run directory recorded (`--resume --run-dir`)."""
+    from cascade.config import CascadeConfig, ConfigError, load_cascade_config
+
+    if args.config is not None:
+        return load_cascade_config(args.config)
+    if args.cascade_id is not None and args.db is not None:
+        from cascade.run_store import CascadeMismatch, stored_config
+
+        try:
+            return stored_config(args.db, args.cascade_id)
+        except CascadeMismatch as err:
+            raise ConfigError(str(err)) from None
+    if args.resume and args.run_dir:
+        from cascade.runner.record import read_record
+
+        record = read_record(Path(args.run_dir))
+        if record is not None:
+            return CascadeConfig.model_validate(record.config)
+        raise ConfigError(f"{args.run_dir}: no run.json to resume from (give the config)")
+    raise ConfigError(
+        "a config is needed: a YAML file, or --db with --cascade-id, or --resume with --run-dir"
+    )
+
+
 def cmd_run(args: argparse.Namespace) -> int:
-    from cascade.config import ConfigError, load_cascade_config
+    from cascade.config import ConfigError
 
     try:
-        cfg = load_cascade_config(args.config)
+        cfg = _config_for_run(args)
     except ConfigError as err:
         return _fail(str(err))
     if args.seed is not None:
@@ -80,7 +106,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return _fail(flags_error)
     if not (cfg.model.path / "config.json").exists():
         return _fail(
-            f"{args.config}: model.path: {cfg.model.path} is not a model directory "
+            f"{args.config or 'config'}: model.path: {cfg.model.path} is not a model directory "
             "(build the tiny one with `cascade model init`)"
         )
 
@@ -91,7 +117,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from cascade.model.loading import ModelLoadError
     from cascade.progress import RunProgress
     from cascade.report import print_regression_table
-    from cascade.run_store import CascadeMismatch
+    from cascade.run_store import CascadeMismatch, LeaseHeld
     from cascade.runner.record import read_record, resume_command
 
     console = Console(stderr=True)
@@ -111,7 +137,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             follow=args.follow,
         )
         result = runner.run()
-    except (RunDirError, ModelLoadError, CascadeMismatch) as err:
+    except (RunDirError, ModelLoadError, CascadeMismatch, LeaseHeld) as err:
         return _fail(str(err))
     except KeyboardInterrupt:
         progress.stop()
@@ -123,6 +149,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 0
     if result.stopped_by == "failed":
         print("run failed: see the stage's events (cascade api show)", file=sys.stderr)
+        return 1
+    if result.stopped_by == "lease lost":
+        print("stopped: another runner took this cascade over", file=sys.stderr)
         return 1
     if result.stopped_by in ("paused", "interrupted"):
         hint = resume_command(args.config, run_dir, read_record(run_dir), embedded=True)
@@ -259,7 +288,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("run", help="run a cascade in one process (embedded mode)")
-    p.add_argument("config", help="cascade YAML file")
+    p.add_argument(
+        "config",
+        nargs="?",
+        help="cascade YAML file (optional with --db and --cascade-id: the config the control plane "
+        "stored; or with --resume --run-dir: the one the run recorded)",
+    )
     p.add_argument("--resume", action="store_true", help="continue from the run's last checkpoint")
     p.add_argument("--fresh", action="store_true", help="delete the run directory first (asks; see --yes)")
     p.add_argument("--yes", action="store_true", help="with --fresh: delete without asking")

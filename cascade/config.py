@@ -301,6 +301,24 @@ class CheckpointConfig(StrictModel):
     keep_last: int = Field(2, ge=1)
 
 
+class LeaseConfig(StrictModel):
+    """The runner's lease on its cascade in the store (one live runner per cascade)."""
+
+    heartbeat_s: float = Field(5.0, gt=0)
+    """Seconds between renewals."""
+    expiry_s: float = Field(30.0, gt=0)
+    """Seconds without a renewal after which the runner counts as dead: its run shows as
+    `stalled` and another runner (`--resume`) may take over."""
+
+    @model_validator(mode="after")
+    def _expiry_after_heartbeats(self) -> LeaseConfig:
+        if self.expiry_s < 2 * self.heartbeat_s:
+            raise ValueError(
+                f"expiry_s ({self.expiry_s:g}) must be at least twice heartbeat_s ({self.heartbeat_s:g})"
+            )
+        return self
+
+
 class RolloutConfig(StrictModel):
     seeding: Literal["stream", "per_request"] = "stream"
     """How sampling is seeded. `stream`: one generator for the whole run (embedded mode only).
@@ -323,6 +341,7 @@ class CascadeConfig(StrictModel):
     stages: list[StageConfig] = Field(..., min_length=1)
     checkpoint: CheckpointConfig = CheckpointConfig()
     rollout: RolloutConfig = RolloutConfig()
+    lease: LeaseConfig = LeaseConfig()
     output_dir: Path = Path("runs")
 
     @model_validator(mode="after")

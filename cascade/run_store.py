@@ -11,20 +11,35 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from cascade.config import CascadeConfig
+from cascade.config_diff import training_diff
 from cascade.evaluation import DomainEval
-from cascade.store import db, repo
+from cascade.store import db, leases, repo
+from cascade.store.leases import Holder, LeaseHeld
 from cascade.store.lifecycle import get_row
-from cascade.store.models import Cascade, Stage
+from cascade.store.models import Cascade, Run, Stage
 
 ACTOR = "runner"
 
+__all__ = ["CascadeMismatch", "LeaseHeld", "RunStore", "stored_config"]
+
 
 class CascadeMismatch(ValueError):
-    """The config's stages are not the stages of the cascade the runner was asked to run."""
+    """The config is not the config of the cascade the runner was asked to run (or the cascade
+    or run cannot be run any more)."""
+
+
+def _normalised(config: dict[str, Any], cascade_id: int) -> dict[str, Any]:
+    """A stored config as this version of the code reads it (defaults of newer fields filled)."""
+    try:
+        return CascadeConfig.model_validate(config).model_dump(mode="json")
+    except ValidationError as err:
+        raise CascadeMismatch(f"cascade {cascade_id}: its stored config no longer validates: {err}") from None
 
 
 def _existing_cascade(s: Session, cascade_id: int, cfg: CascadeConfig) -> tuple[Cascade, list[Stage]]:
@@ -36,7 +51,27 @@ def _existing_cascade(s: Session, cascade_id: int, cfg: CascadeConfig) -> tuple[
         raise CascadeMismatch(f"cascade {cascade_id} has stages {have}, the config has {want}")
     if cascade.status in ("completed", "failed", "aborted"):
         raise CascadeMismatch(f"cascade {cascade_id} is {cascade.status}")
+    diff = training_diff(_normalised(cascade.config, cascade_id), cfg.model_dump(mode="json"))
+    if diff:
+        shown = "; ".join(diff[:8]) + (f"; and {len(diff) - 8} more" if len(diff) > 8 else "")
+        raise CascadeMismatch(
+            f"cascade {cascade_id} was created with another config ({shown}): run it with its own "
+            f"config (leave the YAML out: `cascade run --db ... --cascade-id {cascade_id}`)"
+        )
     return cascade, stages
+
+
+def stored_config(url: str, cascade_id: int) -> CascadeConfig:
+    """The config the control plane stored for a cascade (to run it without a YAML)."""
+    engine = db.make_engine(url)
+    try:
+        with db.session_scope(engine) as s:
+            cascade = s.get(Cascade, cascade_id)
+            if cascade is None:
+                raise CascadeMismatch(f"cascade {cascade_id} does not exist in this database")
+            return CascadeConfig.model_validate(_normalised(cascade.config, cascade_id))
+    finally:
+        engine.dispose()
 
 
 class RunStore:
@@ -57,8 +92,31 @@ class RunStore:
         distill: bool,
         cascade_id: int | None = None,
         kind: str = "embedded",
+        holder: Holder,
     ) -> dict[str, Any]:
-        """Create the run's rows; with `cascade_id`, run a cascade the control plane created."""
+        """Create the run's rows and take the cascade's lease, in one transaction; with
+        `cascade_id`, run a cascade the control plane created (`LeaseHeld` if a live runner
+        has it). Runs of the cascade left `running` by dead runners are closed as failed."""
+        try:
+            return self._begin(
+                cfg, run_dir=run_dir, distill=distill, cascade_id=cascade_id, kind=kind, holder=holder
+            )
+        except IntegrityError:  # another runner inserted the lease row first
+            return self._begin(
+                cfg, run_dir=run_dir, distill=distill, cascade_id=cascade_id, kind=kind, holder=holder
+            )
+
+    def _begin(
+        self,
+        cfg: CascadeConfig,
+        *,
+        run_dir: Path,
+        distill: bool,
+        cascade_id: int | None,
+        kind: str,
+        holder: Holder,
+    ) -> dict[str, Any]:
+        expiry = cfg.lease.expiry_s
         with db.session_scope(self.engine) as s:
             if cascade_id is None:
                 cascade = repo.create_cascade(s, name=cfg.name, config=cfg.model_dump(mode="json"))
@@ -67,6 +125,11 @@ class RunStore:
                 )
             else:
                 cascade, stages = _existing_cascade(s, cascade_id, cfg)
+            leases.acquire(s, cascade_id=cascade.id, run_id=None, holder=holder, expiry_s=expiry)
+            for old in s.scalars(select(Run).where(Run.cascade_id == cascade.id, Run.status == "running")):
+                repo.finish_run(
+                    s, run_id=old.id, status="failed", actor=ACTOR, detail={"reason": "superseded"}
+                )
             run = repo.start_run(
                 s,
                 cascade_id=cascade.id,
@@ -77,9 +140,36 @@ class RunStore:
                 actor=ACTOR,
             )
             repo.set_cascade_status(s, cascade_id=cascade.id, status="running", actor=ACTOR)
+            leases.acquire(s, cascade_id=cascade.id, run_id=run.id, holder=holder, expiry_s=expiry)
             ids = {"cascade_id": cascade.id, "run_id": run.id, "stage_ids": [st.id for st in stages]}
         self.attach(ids)
         return ids
+
+    def resume(self, ids: dict[str, Any], *, holder: Holder | None, expiry_s: float) -> None:
+        """Attach to a run from its checkpoint and take its cascade's lease over (`LeaseHeld`
+        while the previous runner is alive; `CascadeMismatch` if the run was closed meanwhile)."""
+        self.attach(ids)
+        if holder is None:  # a finished run, only to write its report again
+            return
+        cascade_id, run_id = self._ids()
+        with db.session_scope(self.engine) as s:
+            run = get_row(s, Run, run_id)
+            if run.status != "running":
+                raise CascadeMismatch(
+                    f"run {run_id} is {run.status}: there is nothing to resume (start with --fresh)"
+                )
+            leases.acquire(s, cascade_id=cascade_id, run_id=run_id, holder=holder, expiry_s=expiry_s)
+
+    def renew_lease(self, token: str, expiry_s: float) -> bool:
+        cascade_id, _ = self._ids()
+        with db.session_scope(self.engine) as s:
+            return leases.renew(s, cascade_id=cascade_id, token=token, expiry_s=expiry_s)
+
+    def release_lease(self, token: str) -> None:
+        if self.cascade_id is None:
+            return
+        with db.session_scope(self.engine) as s:
+            leases.release(s, cascade_id=self.cascade_id, token=token)
 
     def attach(self, ids: dict[str, Any]) -> None:
         self.cascade_id = int(ids["cascade_id"])

@@ -51,9 +51,11 @@ from cascade.rollout import PromptRequest, RolloutBatch, merge_chunks
 from cascade.run_state import RunDirError, RunResult, RunState, rng_state_from_json, rng_state_to_json
 from cascade.run_store import RunStore
 from cascade.runner.distill import DistillData, DistillJob, distill_terms, fetch_distill
+from cascade.runner.lease import LeaseKeeper
 from cascade.runner.planning import distill_seed, plan_requests
 from cascade.runner.record import RunRecord, read_record, write_record
 from cascade.runner.sources import RunSources
+from cascade.store.leases import Holder
 from cascade.trainer import VerifierFailureError, apply_update, rl_term
 
 SAMPLES_LOG = "samples.jsonl"
@@ -143,6 +145,8 @@ class CascadeRunner:
         self.per_request = config.rollout.seeding == "per_request" or sources.rollouts.overlaps
         self.attempt = uuid.uuid4().hex[:12]
         """This process's attempt at the run: a chunk made for another attempt is never taken."""
+        self.holder = Holder.this_process(token=uuid.uuid4().hex)
+        self.lease: LeaseKeeper | None = None
         self._idle_s = 0.0
         self.state = RunState()
         self.resume_from = latest_checkpoint(self.ckpt_root) if resume else None
@@ -177,7 +181,8 @@ class CascadeRunner:
                 if n in self.state.filters:
                     f.load_state_dict(self.state.filters[n])
             self.registry.load_state_dict(self.state.teachers)
-            self.store.attach(self.state.store_ids)
+            holder = None if self.state.finished else self.holder
+            self.store.resume(self.state.store_ids, holder=holder, expiry_s=self.cfg.lease.expiry_s)
             self.store.truncate_after(self.state.global_step)
             self._truncate_samples_log(self.state.global_step)
             self.log(
@@ -192,7 +197,18 @@ class CascadeRunner:
                 distill=self.distill,
                 cascade_id=self.cascade_id,
                 kind=self.sources.rollouts.kind,
+                holder=self.holder,
             )
+        if self.state.finished:  # nothing to train: only the report is written again
+            return
+        self.lease = LeaseKeeper(
+            self.store,
+            self.holder.token,
+            heartbeat_s=self.cfg.lease.heartbeat_s,
+            expiry_s=self.cfg.lease.expiry_s,
+            log=self.log,
+        )
+        self.lease.start()
         rollouts = self.sources.rollouts
         rollouts.attach(self.policy, self.generator, lambda: self.state.policy_version)
         if self.previous is not None:
@@ -228,10 +244,14 @@ class CascadeRunner:
     # ------------------------------------------------------------------ main loop
 
     def run(self) -> RunResult:
+        """The cascade from where it stands; the lease is released however this returns (a
+        runner that dies without returning leaves it to expire: its run then shows `stalled`)."""
         try:
             return self._run()
         finally:
             self._background.shutdown(wait=False, cancel_futures=True)
+            if self.lease is not None:
+                self.lease.stop(release=True)
 
     def _run(self) -> RunResult:
         self._load()
@@ -271,6 +291,9 @@ class CascadeRunner:
             self.progress.start_stage(i, stage.label, stage.advance.max_steps, self.state.stage_step)
             stopped_by = "max_steps"
             while self.state.stage_step < stage.advance.max_steps:
+                if self.lease is not None and self.lease.lost.is_set():
+                    self._discard_inflight()
+                    return self._finish("lease lost", write_report=False)
                 command = self.store.desired_state(i)
                 if command in ("paused", "aborted"):
                     self._discard_inflight()

@@ -82,10 +82,13 @@ def read_record(run_dir: Path) -> RunRecord | None:
 
 
 def resume_command(
-    config_path: str | Path, run_dir: Path, record: RunRecord | None, *, embedded: bool
+    config_path: str | Path | None, run_dir: Path, record: RunRecord | None, *, embedded: bool
 ) -> str:
-    """The command that continues this run, as the operator can paste it."""
-    words = ["cascade", "run" if embedded else "up", str(config_path), "--resume", "--run-dir", str(run_dir)]
+    """The command that continues this run, as the operator can paste it (`cascade run` reads
+    the config from run.json when no YAML is given)."""
+    words = ["cascade", "run" if embedded else "up"]
+    words += [str(config_path)] if config_path is not None else []
+    words += ["--resume", "--run-dir", str(run_dir)]
     own_db = f"sqlite:///{(run_dir / 'cascade.db').resolve()}"
     if record is not None and record.db_url != own_db:
         words += ["--db", record.db_url, "--cascade-id", str(record.cascade_id)]

@@ -11,8 +11,9 @@ False) and a refused one raises `IllegalTransition` with the stage's current sta
   stage (`cascade run --db ...` or the distributed learner) applies it at its next step boundary
   (a pause right after writing a checkpoint). Resume also withdraws a pause not yet applied.
 - **abort** (a cascade): pending and paused stages are aborted at once (nothing computes on
-  them), a running stage is asked to abort at its next step boundary, the cascade is marked
-  aborted, and runs with no running stage left are closed as aborted.
+  them), a running stage is asked to abort at its next step boundary if a live runner holds the
+  cascade's lease, else aborted at once too (a stalled run); the cascade is marked aborted, and
+  runs with no running stage left are closed as aborted.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from cascade.store import leases
 from cascade.store.lifecycle import (
     IllegalTransition,
     NotFound,
@@ -148,9 +150,11 @@ def abort_cascade(session: Session, *, cascade_id: int, actor: str) -> tuple[Cas
         raise IllegalTransition(cascade.status, "aborted")
     changed = False
     still_running = False
+    attached = leases.is_live(leases.lease_of(session, cascade_id))
     for stage in list_stages(session, cascade_id=cascade_id):
         stage = _locked(session, stage.id)
-        if stage.state in ("pending", "paused"):
+        if stage.state in ("pending", "paused") or (stage.state == "running" and not attached):
+            # no live runner to acknowledge a request (a stalled run): the abort applies now
             transition_stage(session, stage_id=stage.id, to_state="aborted", actor=actor)
             changed = True
         elif stage.state == "running":

@@ -110,8 +110,12 @@ def log_event(
 
 
 def create_cascade(session: Session, *, name: str, config: Mapping[str, Any] | Any) -> Cascade:
-    """`config` is a `CascadeConfig` or its `model_dump(mode="json")`."""
-    row = Cascade(name=name, config=json_safe(config), status="pending")
+    """`config` is a `CascadeConfig` or its `model_dump(mode="json")`; its training settings'
+    hash is stored beside it."""
+    from cascade.config_diff import training_hash
+
+    data = json_safe(config)
+    row = Cascade(name=name, config=data, config_hash=training_hash(data), status="pending")
     session.add(row)
     session.flush()
     return row

@@ -96,6 +96,8 @@ class Cascade(Base):
     name: Mapped[str] = mapped_column(String(200), index=True)
     config: Mapped[dict[str, Any]] = mapped_column(JSON)
     """`CascadeConfig.model_dump(mode="json")`."""
+    config_hash: Mapped[str | None] = mapped_column(String(64), default=None)
+    """sha256 of the config's training settings (`cascade.config_diff.training_hash`)."""
     status: Mapped[str] = mapped_column(String(16), default="pending")
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
@@ -152,6 +154,25 @@ class Run(Base):
     output_dir: Mapped[str] = mapped_column(String(1024))
 
     cascade: Mapped[Cascade] = relationship(back_populates="runs")
+
+
+class RunLease(Base):
+    """The one runner (embedded or learner) working on a cascade, renewed by its heartbeat.
+
+    The primary key is the cascade: a second runner cannot hold a lease on it while the first's is
+    live. A run whose lease expired (or was never taken back) is `stalled`."""
+
+    __tablename__ = "run_leases"
+
+    cascade_id: Mapped[int] = mapped_column(ForeignKey("cascades.id", ondelete="CASCADE"), primary_key=True)
+    run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), default=None)
+    token: Mapped[str] = mapped_column(String(64))
+    """The holder's secret: only it renews or releases the lease."""
+    host: Mapped[str] = mapped_column(String(255))
+    pid: Mapped[int] = mapped_column(Integer)
+    acquired_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    heartbeat_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
 
 
 class Step(Base):

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from cascade.store.history import (
@@ -148,6 +148,14 @@ def discard_after(session: Session, *, run_id: int, global_step: int) -> int:
     for model in (Step, Eval):
         result = session.execute(delete(model).where(model.run_id == run_id, model.global_step > global_step))
         deleted += result.rowcount  # type: ignore[attr-defined]
+    # the stages' step counters follow the rows, in the same transaction
+    run = session.get(Run, run_id)
+    if run is not None:
+        for stage in session.scalars(select(Stage).where(Stage.cascade_id == run.cascade_id)):
+            last = session.scalar(
+                select(func.max(Step.step)).where(Step.run_id == run_id, Step.stage_id == stage.id)
+            )
+            stage.steps_done = int(last or 0)
     session.flush()
     return deleted
 

@@ -12,9 +12,9 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from cascade.store import repo
+from cascade.store import leases, repo
 from cascade.store.lifecycle import NotFound, get_row
-from cascade.store.models import ACTIVE_STAGE_STATES, Cascade, Checkpoint, Event, Run, Stage, Step
+from cascade.store.models import ACTIVE_STAGE_STATES, Cascade, Checkpoint, Event, Run, RunLease, Stage, Step
 from services.api import schemas
 
 
@@ -44,16 +44,28 @@ def stage_out(stage: Stage, cascade: Cascade | None = None) -> schemas.StageOut:
     )
 
 
-def run_out(run: Run) -> schemas.RunOut:
+def run_out(run: Run, lease: RunLease | None = None, stages: list[Stage] | None = None) -> schemas.RunOut:
+    """The run as stored, with `stalled` derived from the cascade's lease: a running run whose
+    stage is running but that no live runner holds."""
+    mine = lease if lease is not None and lease.run_id == run.id else None
+    live = leases.is_live(mine)
+    status = run.status
+    if status == "running" and not live and any(s.state == "running" for s in stages or []):
+        status = "stalled"
+    holder = None
+    if live and mine is not None:
+        holder = f"{mine.host} pid {mine.pid} (since {mine.acquired_at:%Y-%m-%d %H:%M:%S} UTC)"
     return schemas.RunOut(
         id=run.id,
         kind=run.kind,
         seed=run.seed,
         distill=run.distill,
-        status=run.status,
+        status=status,
         started_at=run.started_at,
         ended_at=run.ended_at,
         output_dir=run.output_dir,
+        holder=holder,
+        heartbeat_at=mine.heartbeat_at if mine is not None else None,
     )
 
 
@@ -78,14 +90,16 @@ def list_cascades(session: Session, *, limit: int, offset: int) -> list[schemas.
 def cascade_detail(session: Session, cascade_id: int) -> schemas.CascadeOut:
     cascade = get_row(session, Cascade, cascade_id)
     runs = session.scalars(select(Run).where(Run.cascade_id == cascade_id).order_by(Run.id))
+    stage_rows = repo.list_stages(session, cascade_id=cascade_id)
+    lease = leases.lease_of(session, cascade_id)
     return schemas.CascadeOut(
         id=cascade.id,
         name=cascade.name,
         status=cascade.status,
         created_at=cascade.created_at,
         config=cascade.config if isinstance(cascade.config, dict) else {},
-        stages=[stage_out(s, cascade) for s in repo.list_stages(session, cascade_id=cascade_id)],
-        runs=[run_out(r) for r in runs],
+        stages=[stage_out(s, cascade) for s in stage_rows],
+        runs=[run_out(r, lease, stage_rows) for r in runs],
     )
 
 

@@ -46,9 +46,15 @@ class RunOut(BaseModel):
     seed: int
     distill: bool
     status: str
+    """`running`, `completed`, `failed`, `aborted`, or `stalled`: running in the store, a stage
+    running, and no live runner (its lease expired or was never taken back)."""
     started_at: datetime
     ended_at: datetime | None
     output_dir: str
+    holder: str | None = None
+    """The live runner's `host pid N (since ...)`, if one holds the cascade for this run."""
+    heartbeat_at: datetime | None = None
+    """The last heartbeat of the runner that held (or holds) this run's lease."""
 
 
 class CascadeSummary(BaseModel):

@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.torch_threads)
     from cascade.run_state import RunDirError
-    from cascade.run_store import CascadeMismatch
+    from cascade.run_store import CascadeMismatch, LeaseHeld
     from cascade.runner.fresh import confirm_fresh
     from cascade.runner.record import read_record, resume_command
     from services.learner.learner import distributed_runner
@@ -127,6 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     training.set()
     try:
         result = learner.run()
+    except (RunDirError, CascadeMismatch, LeaseHeld) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         log(
             "learner interrupted; continue with: "
@@ -144,6 +147,9 @@ def main(argv: list[str] | None = None) -> int:
         log("learner done (aborted by an operator)")
     elif result.stopped_by == "failed":
         log("learner done (failed): see the stage's events")
+        return 1
+    elif result.stopped_by == "lease lost":
+        log("learner stopped: another runner took this cascade over")
         return 1
     else:
         log(f"learner done ({result.stopped_by}); report: {result.report_dir}")

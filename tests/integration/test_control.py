@@ -14,9 +14,10 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from cascade.store import control, repo
+from cascade.store import control, leases, repo
 from cascade.store.db import make_engine, prepare_schema, session_scope
-from cascade.store.models import Stage
+from cascade.store.leases import Holder
+from cascade.store.models import Run, Stage
 
 
 @pytest.mark.postgres
@@ -70,6 +71,8 @@ def test_commands_on_sqlite_too(sqlite_url: str) -> None:
         assert control.pause_stage(s, stage_id=a.id, actor="op").stage.desired_state == "paused"
         with pytest.raises(ValueError, match="unknown stage command 'stop'"):
             control.stage_command(s, stage_id=a.id, command="stop", actor="op")
+        # a live runner holds the cascade: the running stage is asked to abort at its next step
+        leases.acquire(s, cascade_id=cascade.id, run_id=None, holder=Holder("t0k", "h", 1), expiry_s=60)
         cascade_row, changed = control.abort_cascade(s, cascade_id=cascade.id, actor="op")
         assert changed and cascade_row.status == "aborted"
         assert [(st.state, st.desired_state) for st in repo.list_stages(s, cascade_id=cascade.id)] == [
@@ -77,4 +80,33 @@ def test_commands_on_sqlite_too(sqlite_url: str) -> None:
         ]  # fmt: skip
         with pytest.raises(control.AbortPending):
             control.resume_stage(s, stage_id=a.id, actor="op")
+    engine.dispose()
+
+
+def test_abort_without_a_live_runner_applies_at_once(sqlite_url: str) -> None:
+    """No runner will read a request (none attached, or its lease expired: a stalled run): the
+    abort moves the running stage and the run to aborted now, never 'running, abort requested'."""
+    from datetime import timedelta
+
+    from cascade.store.models import RunLease
+
+    engine = make_engine(sqlite_url)
+    prepare_schema(engine)
+    with session_scope(engine) as s:
+        cascade = repo.create_cascade(s, name="t", config={"name": "t"})
+        a, b = repo.create_stages(s, cascade_id=cascade.id, stages=[("a", "math"), ("b", "code")])
+        control.start_stage(s, stage_id=a.id, actor="op")
+        run = repo.start_run(s, cascade_id=cascade.id, seed=0, distill=True, output_dir="x")
+        lease = leases.acquire(
+            s, cascade_id=cascade.id, run_id=run.id, holder=Holder("t0k", "h", 1), expiry_s=60
+        )
+        lease.expires_at = lease.heartbeat_at - timedelta(seconds=1)  # the runner stopped beating
+        s.flush()
+        assert not leases.is_live(s.get(RunLease, cascade.id))
+        _, changed = control.abort_cascade(s, cascade_id=cascade.id, actor="op")
+        assert changed
+        assert [(st.state, st.desired_state) for st in repo.list_stages(s, cascade_id=cascade.id)] == [
+            ("aborted", None), ("aborted", None),
+        ]  # fmt: skip
+        assert s.get(Run, run.id).status == "aborted"
     engine.dispose()
