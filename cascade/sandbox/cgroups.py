@@ -20,6 +20,10 @@ from pathlib import Path
 ROOT = Path("/sys/fs/cgroup")
 WORKER_OVERHEAD_MB = 48
 """What the worker and judge processes themselves use, added to the program's memory cap."""
+EXEC = "exec"
+"""Name of the executions' child group (cgroup v1)."""
+EXEC_OVERHEAD_MB = 16
+"""What an execution's A and B use beside the program, within the execution's own memory cap."""
 WORKER_OVERHEAD_PIDS = 8
 """bwrap, its init, the worker, its zygote, the execution's A and B, and a spare."""
 
@@ -69,7 +73,9 @@ class WorkerGroup:
     v2: bool
 
     @classmethod
-    def create(cls, name: str) -> WorkerGroup:
+    def create(cls, name: str, owner_uid: int | None = None) -> WorkerGroup:
+        """The worker's group and, on cgroup v1, its `exec` child that each execution joins
+        (its cgroup.procs handed to `owner_uid`, the sandbox uid)."""
         dirs = _parent_dirs()
         if dirs is None:
             raise OSError("no writable memory and pids cgroups")
@@ -80,7 +86,17 @@ class WorkerGroup:
         if not group.v2:
             with contextlib.suppress(OSError):  # no swap accounting on some hosts
                 (memory_dir / "memory.swappiness").write_text("0")
+            for directory in group.exec_dirs():
+                directory.mkdir(exist_ok=True)
+                if owner_uid is not None and os.geteuid() == 0:
+                    os.chown(directory / "cgroup.procs", owner_uid, -1)
         return group
+
+    def exec_dirs(self) -> list[Path]:
+        """The executions' own (memory, pids) groups inside the worker's: an execution at its
+        memory cap is OOM-killed inside its group, whatever it does to its oom_score_adj, and
+        never takes the worker with it. cgroup v1 only (v2 forbids processes beside children)."""
+        return [] if self.v2 else [self.memory_dir / EXEC, self.pids_dir / EXEC]
 
     def set_limits(self, memory_mb: int, processes: int) -> None:
         memory = (memory_mb + WORKER_OVERHEAD_MB) << 20
@@ -92,6 +108,11 @@ class WorkerGroup:
         else:
             (self.memory_dir / "memory.limit_in_bytes").write_text(str(memory))
             (self.pids_dir / "pids.max").write_text(str(pids))
+            exec_memory, exec_pids = self.exec_dirs()
+            (exec_memory / "memory.limit_in_bytes").write_text(str((memory_mb + EXEC_OVERHEAD_MB) << 20))
+            with contextlib.suppress(OSError):
+                (exec_memory / "memory.swappiness").write_text("0")
+            (exec_pids / "pids.max").write_text(str(processes + 2))  # + A and B
 
     def join(self, pid: int = 0) -> None:
         """Move `pid` (0: the caller) into the group; called in the worker's preexec_fn."""
@@ -100,19 +121,23 @@ class WorkerGroup:
             (directory / "cgroup.procs").write_text(str(pid))
 
     def oom_kills(self) -> int:
-        """How many processes the kernel killed for this group's memory cap so far."""
+        """How many processes the kernel killed for this group's memory caps so far."""
         name = "memory.events" if self.v2 else "memory.oom_control"
-        with contextlib.suppress(OSError, ValueError):
-            for line in (self.memory_dir / name).read_text().splitlines():
-                key, _, value = line.partition(" ")
-                if key == "oom_kill":
-                    return int(value)
-        return 0
+        kills = 0
+        for directory in [self.memory_dir, *self.exec_dirs()[:1]]:
+            with contextlib.suppress(OSError, ValueError):
+                for line in (directory / name).read_text().splitlines():
+                    key, _, value = line.partition(" ")
+                    if key == "oom_kill":
+                        kills += int(value)
+        return kills
 
     def pids(self) -> list[int]:
-        with contextlib.suppress(OSError):
-            return [int(p) for p in (self.pids_dir / "cgroup.procs").read_text().split()]
-        return []
+        found: list[int] = []
+        for directory in [self.pids_dir, *self.exec_dirs()[1:]]:
+            with contextlib.suppress(OSError):
+                found += [int(p) for p in (directory / "cgroup.procs").read_text().split()]
+        return found
 
     def kill_all(self, wait_s: float = 2.0) -> None:
         """SIGKILL every process in the group until it is empty (a forking process may add some)."""
@@ -125,7 +150,7 @@ class WorkerGroup:
 
     def remove(self) -> None:
         self.kill_all()
-        for directory in {self.memory_dir, self.pids_dir}:
+        for directory in [*self.exec_dirs(), self.memory_dir, self.pids_dir]:
             with contextlib.suppress(OSError):
                 directory.rmdir()
 
@@ -143,6 +168,8 @@ def remove_stale(prefix: str) -> int:
                 stale = WorkerGroup(group, group, _v2_root() is not None)
                 stale.kill_all()
                 with contextlib.suppress(OSError):
+                    if (group / EXEC).is_dir():
+                        (group / EXEC).rmdir()
                     group.rmdir()
                     removed += 1
     return removed

@@ -35,6 +35,8 @@ _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 _LAST_CAP = 63
 TMPFS_BYTES = 64 << 20
 """Size of each execution's /tmp (files also obey RLIMIT_FSIZE; tmpfs pages count in the memcg)."""
+CGROUP_DIR = "/sandbox/cgroup"
+"""Where the pool binds the cgroup.procs files of the executions' own groups."""
 STOP_SIGNAL = signal.SIGUSR1
 """Z to A: end the execution now (A kills B and waits until the namespace is empty)."""
 NAMESPACE_SYSCTLS = {
@@ -93,6 +95,7 @@ def run(limits: dict[str, Any], fds: list[int], uid: int, gid: int) -> NoReturn:
         # Z is not dumpable, which makes /proc/self/* root's; A writes its own maps and score.
         _check(_libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0), "dumpable")
         _write("/proc/self/oom_score_adj", "1000")  # the OOM killer's first choice, not the worker
+        _join_exec_cgroups()
         flags = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWNET | CLONE_NEWUTS | CLONE_NEWPID
         _check(_libc.unshare(flags), "unshare")
         _write("/proc/self/setgroups", "deny")
@@ -116,6 +119,14 @@ def run(limits: dict[str, Any], fds: list[int], uid: int, gid: int) -> NoReturn:
         code = 70
     finally:
         os._exit(code)
+
+
+def _join_exec_cgroups() -> None:
+    """A: into the executions' own memory and pids groups (where the host has cgroups): an
+    execution at its cap is OOM-killed there, however it sets its oom_score_adj."""
+    if os.path.isdir(CGROUP_DIR):
+        for name in sorted(os.listdir(CGROUP_DIR)):
+            _write(os.path.join(CGROUP_DIR, name), "0")
 
 
 def _init(limits: dict[str, Any], fds: list[int], uid: int, gid: int) -> NoReturn:

@@ -89,7 +89,9 @@ def stage_harness() -> Path:
     return staged
 
 
-def bwrap_argv(settings: BwrapSettings, harness_dir: Path) -> list[str]:
+def bwrap_argv(settings: BwrapSettings, harness_dir: Path, exec_procs: Sequence[Path] = ()) -> list[str]:
+    """The worker's command line; `exec_procs` are the cgroup.procs files of the executions'
+    own groups, bound writable at /sandbox/cgroup/<n>.procs for each execution to join."""
     binary = shutil.which(settings.bwrap)
     if binary is None:
         raise SandboxUnavailable(
@@ -106,6 +108,8 @@ def bwrap_argv(settings: BwrapSettings, harness_dir: Path) -> list[str]:
     argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--dir", "/sandbox"]
     for name in HARNESS_FILES:
         argv += ["--ro-bind", str(harness_dir / name), f"/sandbox/{name}"]
+    for number, procs in enumerate(exec_procs):
+        argv += ["--bind", str(procs), f"/sandbox/cgroup/{number}.procs"]
     argv += ["--remount-ro", "/", "--hostname", "sandbox", "--chdir", "/tmp"]
     argv += ["--setenv", "PATH", "/usr/bin:/bin", "--setenv", "LANG", "C.UTF-8"]
     return argv + [python, "-I", "-S", "-B", "/sandbox/nsworker.py"]
@@ -150,12 +154,14 @@ class SandboxWorker:
         self.restarts = 0
 
     def start(self) -> None:
-        argv = bwrap_argv(self.settings, self.harness_dir)
-        if self.settings.use_cgroups and cgroups.available():
-            self.group = cgroups.WorkerGroup.create(self.name)
-            self._limits = None
-        procs = ",".join(str(d / "cgroup.procs") for d in self._group_dirs())
         uid = self.settings.uid if os.geteuid() == 0 else os.geteuid()
+        bwrap_argv(self.settings, self.harness_dir)  # SandboxUnavailable before any cgroup is made
+        if self.settings.use_cgroups and cgroups.available():
+            self.group = cgroups.WorkerGroup.create(self.name, owner_uid=uid)
+            self._limits = None
+        exec_procs = [d / "cgroup.procs" for d in self.group.exec_dirs()] if self.group else []
+        argv = bwrap_argv(self.settings, self.harness_dir, exec_procs)
+        procs = ",".join(str(d / "cgroup.procs") for d in self._group_dirs())
         launcher = [sys.executable, "-I", "-S", "-c", _LAUNCHER, str(uid), procs, *argv]
         self.proc = _SPAWNER.spawn(launcher)
         self._buffer = b""

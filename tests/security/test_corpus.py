@@ -172,3 +172,17 @@ def test_run_jobs_bwrap_backend_matches_reasons() -> None:
     except SandboxUnavailable as err:
         pytest.skip(str(err))
     assert [(r.status, r.passed, r.total) for r in results] == [("ok", 2, 2), ("wrong_answer", 0, 2)]
+
+
+def test_execution_runs_in_its_own_cgroup(pool: SandboxPool) -> None:
+    """At its memory cap an execution is OOM-killed in its own group, whatever it sets its
+    oom_score_adj to (it may lower it to 0): never the worker or the judge."""
+    from cascade.sandbox import cgroups
+
+    if not (SETTINGS.use_cgroups and cgroups.available()) or pool.workers[0].group.v2:  # type: ignore[union-attr]
+        pytest.skip("per-execution cgroups need cgroup v1 with write access")
+    code = (
+        "def f(x):\n    text = open('/proc/self/cgroup').read()\n"
+        "    return x + 1 if ':/exec' in text else text\n"
+    )
+    assert _run(pool, code)["status"] == "ok"
