@@ -79,6 +79,10 @@ def command(api: ApiServer, stage_id: int, name: str) -> dict[str, Any]:
     return out
 
 
+def runs(api: ApiServer, cascade_id: int) -> list[dict[str, Any]]:
+    return api.call("GET", f"/api/cascades/{cascade_id}")[1]["runs"]
+
+
 def step_rows(api: ApiServer, cascade_id: int) -> list[tuple[int, int, int]]:
     steps = api.call("GET", f"/api/cascades/{cascade_id}/metrics")[1]["steps"]
     return [(s["stage_index"], s["step"], s["global_step"]) for s in steps]
@@ -236,6 +240,7 @@ def test_sigkilled_runner_resumes_from_its_run_record(
     cfg_path = tmp_path / "cascade.yaml"
     data = runner_config(random_tiny_model, tmp_path / "runs", (6, 3))
     data["checkpoint"] = {"every": 2, "keep_last": 2}
+    data["lease"] = {"heartbeat_s": 0.5, "expiry_s": 3}
     cascade_id = create(api, data, cfg_path)
     run_dir = tmp_path / "runs" / "steered"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -250,8 +255,14 @@ def test_sigkilled_runner_resumes_from_its_run_record(
     runner = start("--db", url, "--cascade-id", str(cascade_id))
     try:
         wait_for("3 steps", lambda: stages(api, cascade_id)[0]["steps_done"] >= 3, proc=runner)
+        live = runs(api, cascade_id)[0]
+        assert live["status"] == "running" and live["holder"] and f"pid {runner.pid}" in live["holder"]
         os.killpg(runner.pid, signal.SIGKILL)
         runner.wait(timeout=10)
+        killed_at = time.monotonic()
+        stalled = wait_for("stalled", lambda: (r := runs(api, cascade_id)[0])["status"] == "stalled" and r)
+        assert time.monotonic() - killed_at < 3 + 2  # within the lease expiry (+ polling)
+        assert stalled["holder"] is None and stalled["heartbeat_at"] is not None
         record = read_record(run_dir)
         assert record is not None and record.kind == "embedded" and record.cascade_id == cascade_id
         assert record.db_url == url  # no password here: recorded as given
@@ -267,6 +278,7 @@ def test_sigkilled_runner_resumes_from_its_run_record(
     rows = step_rows(api, cascade_id)
     assert_contiguous(rows)
     assert len(rows) == 9
+    assert [st["steps_done"] for st in detail["stages"]] == [6, 3]  # counters follow the rows
     assert "resumed from step-00000" in (tmp_path / "runner.log").read_text()
 
     reference = embedded_runner(
@@ -294,3 +306,59 @@ def test_sigkilled_runner_resumes_from_its_run_record(
         return [{k: v for k, v in m.items() if k not in timing} for m in out]
 
     assert metrics(url) == metrics(f"sqlite:///{tmp_path / 'reference' / 'cascade.db'}")
+
+
+def test_one_runner_per_cascade_and_the_config_trained_is_the_stored_one(
+    plane: tuple[ApiServer, str], random_tiny_model: Path, tmp_path: Path
+) -> None:
+    """A YAML that differs from the cascade's stored config in a training setting is refused
+    with the field named; two runners started together on one cascade (one with the YAML, one
+    with no YAML: the stored config) -> exactly one trains, the other is refused naming the
+    holder's host and pid."""
+    api, url = plane
+    cfg_path = tmp_path / "cascade.yaml"
+    data = runner_config(random_tiny_model, tmp_path / "runs", (10, 2))  # the winner outlives the race
+    cascade_id = create(api, data, cfg_path)
+    other = dict(data, stages=[dict(st) for st in data["stages"]])
+    other["stages"][1] = {**other["stages"][1], "grpo": {**data["stages"][1]["grpo"], "learning_rate": 3e-4}}
+    other["output_dir"] = str(tmp_path / "elsewhere")  # not a training setting: may differ
+    other_path = tmp_path / "other.yaml"
+    other_path.write_text(yaml.safe_dump(other, sort_keys=False))
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    base = [sys.executable, "-m", "cascade.cli", "run"]
+    flags = ["--db", url, "--cascade-id", str(cascade_id), "--no-progress"]
+    refused = subprocess.run(
+        [*base, str(other_path), *flags], cwd=REPO, env=env, capture_output=True, text=True
+    )
+    assert refused.returncode == 2, refused.stderr
+    assert "stages.1.grpo.learning_rate" in refused.stderr and "output_dir" not in refused.stderr
+    assert runs(api, cascade_id) == []  # nothing was created
+
+    def start(*argv: str, name: str) -> subprocess.Popen[str]:
+        out = (tmp_path / f"{name}.log").open("w")
+        return subprocess.Popen(
+            [*base, *argv, *flags, "--run-dir", str(tmp_path / name)],
+            cwd=REPO,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+
+    first = start(str(cfg_path), name="with-yaml")
+    second = start(name="stored-config")
+    try:
+        codes = sorted([first.wait(timeout=180), second.wait(timeout=180)])
+    finally:
+        for proc in (first, second):
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+    logs = {n: (tmp_path / f"{n}.log").read_text() for n in ("with-yaml", "stored-config")}
+    assert codes == [0, 2], logs
+    loser = next(text for text in logs.values() if "is being run by" in text)
+    assert "pid" in loser and "since" in loser, loser
+    _, detail = api.call("GET", f"/api/cascades/{cascade_id}")
+    assert detail["status"] == "completed"
+    assert [(r["status"], r["holder"]) for r in detail["runs"]] == [("completed", None)]
+    assert_contiguous(step_rows(api, cascade_id))
