@@ -12,18 +12,22 @@ Processes (the program process must hold nothing but its code and its inputs):
   dumpable. Before it reads any job it starts Z and never forks again.
 - Z, the zygote: a double fork of W made at start-up (so W is not its ancestor), holding only
   the imported harness. Per execution W sends it three pipe ends and the limits (never code or
-  tests); Z forks A, kills it when W asks, reaps it and says so.
+  tests); Z forks A, stops it when W asks, reaps it and says so.
+
 The execution's own processes (`execution`):
 
-- A: makes the execution the OOM killer's first choice (`oom_score_adj` 1000), enters fresh
-  user, mount, IPC, network, UTS and PID namespaces (uid 0 inside, mapped to the sandbox uid),
-  then forks B.
+- A: makes the execution the OOM killer's first choice (`oom_score_adj` 1000), joins the
+  execution's own memory and pids cgroup (cgroup v1), enters fresh user, mount, IPC, network,
+  UTS and PID namespaces (uid 0 inside, mapped to the sandbox uid), then forks B. Stopping an
+  execution is a signal to A, which kills B and exits once the namespace is empty.
 - B, the execution's init (PID 1 of its namespace, so the program can neither kill it nor see
   anything outside): private tmpfs /tmp and /dev/shm, a /proc of its own namespace, /dev
-  read-only, IPC limits in the new IPC namespace, no nested namespaces (`user.max_*_namespaces`
-  0), then /proc/sys read-only. Forks C, reports how C ended, exits: the kernel then kills
-  everything left in the namespace, and its tmpfs, IPC objects and network go with it.
-- C, the program process: new session, rlimits, every capability and the bounding set dropped,
+  read-only, IPC limits in the new IPC namespace, no nested namespaces but C's own
+  (`user.max_*_namespaces`), then /proc/sys read-only. Forks C, reports how C ended, exits:
+  the kernel then kills everything left in the namespace, and its tmpfs, IPC objects and
+  network go with it.
+- C, the program process: a user namespace of its own in which it is the sandbox uid, not root;
+  new session, rlimits, every capability and the bounding set dropped,
   SECBIT_NOROOT locked, no_new_privs, the seccomp filter (`syscall_filter`); says `ready` on the
   status pipe, closes it, and only then receives the code and the test inputs (`runner`).
 
