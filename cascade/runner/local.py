@@ -75,6 +75,9 @@ class LocalRollouts:
     def forget(self, previous: dict[str, Any]) -> None:
         pass
 
+    def finish(self) -> None:
+        pass
+
     def close(self) -> None:
         pass
 

@@ -613,6 +613,8 @@ class CascadeRunner:
         self._pending_teacher_deletes.clear()
 
     def _finish(self, stopped_by: str, write_report: bool = True) -> RunResult:
+        if stopped_by in ("completed", "aborted", "failed"):
+            self.sources.rollouts.finish()
         report_dir = self.run_dir / "report"
         if write_report:
             self.store.finish(

@@ -58,6 +58,10 @@ class RolloutSource(Protocol):
     def forget(self, previous: dict[str, Any]) -> None:
         """Discard what a previous process of this run left behind (its `record()`)."""
 
+    def finish(self) -> None:
+        """The run is over (completed, aborted or failed): remove what it keeps outside this
+        process (the distributed run's Redis streams)."""
+
     def close(self) -> None: ...
 
 

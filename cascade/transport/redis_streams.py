@@ -13,6 +13,7 @@ Messages are one JSON object each, in the field `data`.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,13 +66,24 @@ class StreamGroup:
         self.consumer = consumer
         self.ensure_group()
 
-    def ensure_group(self) -> None:
-        """Create the group (and the stream) if missing; it then sees every message from the start."""
+    def ensure_group(self, *, mkstream: bool = True) -> bool:
+        """Create the group (and, with `mkstream`, the stream) if missing; it then sees every
+        message from the start. False when the stream does not exist (and `mkstream` is off)."""
         try:
-            self.client.xgroup_create(self.stream, self.group, id="0", mkstream=True)
+            self.client.xgroup_create(self.stream, self.group, id="0", mkstream=mkstream)
         except redis.ResponseError as err:
-            if "BUSYGROUP" not in str(err):
-                raise
+            if "BUSYGROUP" in str(err):
+                return True
+            if not mkstream and _was_reset(err):
+                return False
+            raise
+        return True
+
+    def _after_reset(self) -> bool:
+        """The stream or group was deleted under us: a learner starting over on this prefix
+        makes them again, a finished run's learner removed them for good. Join the group if it
+        is back; never make the stream again ourselves (a finished run's keys stay gone)."""
+        return self.ensure_group(mkstream=False)
 
     def read(self, *, count: int = 1, block_ms: int | None = 1000, pending: bool = False) -> list[Message]:
         """New messages (`pending=False`) or this consumer's own unacknowledged ones (`True`)."""
@@ -86,7 +98,8 @@ class StreamGroup:
         except redis.ResponseError as err:
             if not _was_reset(err):
                 raise
-            self.ensure_group()  # the stream was reset under us (a new run on this prefix)
+            if not self._after_reset() and block_ms:
+                time.sleep(block_ms / 1000)  # nothing to block on until the stream is back
             return []
         out: list[Message] = []
         streams: list[Any] = reply or []  # type: ignore[assignment]
@@ -105,7 +118,7 @@ class StreamGroup:
         except redis.ResponseError as err:
             if not _was_reset(err):
                 raise
-            self.ensure_group()
+            self._after_reset()
             return []
         entries = reply[1]
         return [Message(mid, _decode(fields), 2) for mid, fields in entries if fields]
@@ -148,7 +161,12 @@ class SeenSet:
 def _was_reset(err: redis.ResponseError) -> bool:
     """The stream or group was deleted (`reset`) while we used it."""
     text = str(err)
-    return "NOGROUP" in text or "no longer exists" in text or "no such key" in text
+    return (
+        "NOGROUP" in text
+        or "no longer exists" in text
+        or "no such key" in text
+        or "requires the key to exist" in text
+    )
 
 
 def _decode(fields: dict[str, str]) -> dict[str, Any]:

@@ -72,6 +72,7 @@ class StreamRollouts:
         """Start clean on this run's keys (a previous process's requests and chunks go), and
         map the learner's versions onto the rollout engine's (which only grow)."""
         reset(self.redis, self.keys)
+        StreamGroup(self.redis, self.keys.prompts, "rollout", "learner")  # the workers' group, made here
         self._results = StreamGroup(self.redis, self.keys.groups, "learner", "learner")
         self._seen = SeenSet(self.redis, self.keys.seen)
         _, remote = self.rollout.model_info()
@@ -85,6 +86,9 @@ class StreamRollouts:
         if prefix and prefix != self.keys.prefix:
             reset(self.redis, StreamKeys(prefix))
             self.log(f"discarded the Redis streams of the previous process ({prefix}:*)")
+
+    def finish(self) -> None:
+        reset(self.redis, self.keys)
 
     def close(self) -> None:
         self.rollout.close()

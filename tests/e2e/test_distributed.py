@@ -110,6 +110,7 @@ def test_two_stage_cascade_with_distillation_matches_embedded(stack, e2e, tmp_pa
         stack.stop_run()
     rows = e2e.rows(postgres_url)
     assert rows.run_status == "completed"
+    assert _keys_left(stack.stream_prefix) == []  # a finished run leaves nothing in Redis
     assert [(i, d, st) for i, _, d, st in rows.stages] == [(0, "if", "completed"), (1, "math", "completed")]
     expected = [(0, 1, 1), (0, 2, 2), (0, 3, 3), (1, 1, 4), (1, 2, 5), (1, 3, 6)]
     assert [(s, st, g) for s, st, g, _ in rows.steps] == expected
@@ -136,6 +137,16 @@ def test_two_stage_cascade_with_distillation_matches_embedded(stack, e2e, tmp_pa
             a, b = dist[key], emb[key]
             assert a == b, (g, key, a, b)  # identical: same seeds, same weights, same functions
     assert [e[:5] for e in rows.evals] == [e[:5] for e in ref.evals]
+
+
+def _keys_left(prefix: str) -> list[bytes]:
+    import redis
+
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        return list(client.scan_iter(match=f"{prefix}:*"))
+    finally:
+        client.close()
 
 
 def _trained(run_dir: Path) -> list[list[str]]:
@@ -290,6 +301,7 @@ def test_operator_pauses_resumes_advances_and_aborts_a_distributed_run(stack, e2
             client.close()
             stack.cascade_id = None
             stack.stop_run()
+        assert _keys_left(stack.stream_prefix) == []
         _, detail = api.call("GET", f"/api/cascades/{cascade_id}")
         assert detail["status"] == "aborted"
         assert [s["state"] for s in detail["stages"]] == ["completed", "aborted"]

@@ -62,12 +62,17 @@ def test_a_dead_consumers_pending_message_is_claimed_once_idle(keys: StreamKeys)
     assert live.pending_count() == 0
 
 
-def test_a_reset_stream_is_recreated_for_the_next_run(keys: StreamKeys) -> None:
+def test_a_reset_stream_stays_gone_until_the_next_run_makes_it(keys: StreamKeys) -> None:
+    """A worker polling a finished run's prefix does not bring its keys back; when a learner
+    starts over on the prefix (reset, then it makes the workers' group), the worker joins it."""
     client = connect(REDIS_URL)
     group = StreamGroup(client, keys.prompts, "rollout", "w")
     publish(client, keys.prompts, {"old": True})
     reset(client, keys)
     assert group.read(block_ms=50) == [] and group.claim_stale(min_idle_ms=1) == []
+    assert group.read(pending=True) == []
+    assert client.exists(*keys.all()) == 0  # the finished run's keys stay removed
+    StreamGroup(client, keys.prompts, "rollout", "learner")  # a new learner on this prefix
     publish(client, keys.prompts, {"new": True})
     assert [m.data for m in group.read(block_ms=100)] == [{"new": True}]
 
