@@ -53,7 +53,7 @@ def run_out(run: Run, lease: RunLease | None = None, stages: list[Stage] | None 
     if status == "running" and not live and any(s.state == "running" for s in stages or []):
         status = "stalled"
     holder = None
-    if live and mine is not None:
+    if live and mine is not None and run.status == "running":  # a closed run's runner is on its way out
         holder = f"{mine.host} pid {mine.pid} (since {mine.acquired_at:%Y-%m-%d %H:%M:%S} UTC)"
     return schemas.RunOut(
         id=run.id,
@@ -101,6 +101,21 @@ def cascade_detail(session: Session, cascade_id: int) -> schemas.CascadeOut:
         stages=[stage_out(s, cascade) for s in stage_rows],
         runs=[run_out(r, lease, stage_rows) for r in runs],
     )
+
+
+def find_stage(session: Session, cascade_id: int, ref: str) -> Stage:
+    """A cascade's stage by name, else by 0-based index (a stage named "1" wins over index 1)."""
+    get_row(session, Cascade, cascade_id)
+    stages = repo.list_stages(session, cascade_id=cascade_id)
+    for stage in stages:
+        if stage.name == ref:
+            return stage
+    if ref.isascii() and ref.isdigit():
+        for stage in stages:
+            if stage.index == int(ref):
+                return stage
+    names = ", ".join(s.name for s in stages[:20]) + (", ..." if len(stages) > 20 else "")
+    raise NotFound(f"cascade {cascade_id} has no stage named {ref!r} nor at that index (its stages: {names})")
 
 
 def pick_run(session: Session, cascade_id: int, run_id: int | None) -> Run | None:
