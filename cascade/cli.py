@@ -21,7 +21,7 @@ def _quiet_hub_progress() -> None:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from cascade.config import ConfigError, load_cascade_config
+    from cascade.config import ConfigError, check_paths, load_cascade_config
 
     status = 0
     for path in args.configs:
@@ -29,6 +29,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
             cfg = load_cascade_config(path)
         except ConfigError as err:
             print(f"error: {err}", file=sys.stderr)
+            status = 2
+            continue
+        problems = [] if args.schema_only else check_paths(cfg)
+        for problem in problems:
+            print(f"error: {path}: {problem}", file=sys.stderr)
+        if problems:
             status = 2
             continue
         print(f"ok: {path} ({cfg.name}: {' -> '.join(s.label for s in cfg.stages)})")
@@ -119,6 +125,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from cascade.report import print_regression_table
     from cascade.run_store import CascadeMismatch, LeaseHeld
     from cascade.runner.record import read_record, resume_command
+    from cascade.sandbox.pool import SandboxUnavailable
 
     console = Console(stderr=True)
     progress = RunProgress(enabled=not args.no_progress, console=console)
@@ -137,7 +144,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             follow=args.follow,
         )
         result = runner.run()
-    except (RunDirError, ModelLoadError, CascadeMismatch, LeaseHeld) as err:
+    except (RunDirError, ModelLoadError, CascadeMismatch, LeaseHeld, SandboxUnavailable) as err:
         return _fail(str(err))
     except KeyboardInterrupt:
         progress.stop()
@@ -229,6 +236,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     flags_error = _resolve_run_flags(args, run_dir)
     if flags_error is not None:
         return _fail(flags_error)
+    if args.rollout_replicas < 1:
+        return _fail("--rollout-replicas must be at least 1")
     stack = LocalStack(
         config=Path(args.config).resolve(),
         model=cfg.model.path.resolve(),
@@ -238,6 +247,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         db=args.db,
         stream_prefix=args.stream_prefix or f"cascade:{cfg.name}:{uuid.uuid4().hex[:8]}",
         workers=args.workers,
+        rollout_replicas=args.rollout_replicas,
         celery_workers=args.celery_workers,
         fresh=args.fresh,
         resume=args.resume,
@@ -318,6 +328,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stream-prefix", help="Redis key prefix of this run (default: a fresh one)")
     p.add_argument("--workers", type=int, default=2, help="rollout workers (default: %(default)s)")
     p.add_argument("--celery-workers", type=int, default=1, help="Celery reward workers (default: 1)")
+    p.add_argument(
+        "--rollout-replicas",
+        type=int,
+        default=1,
+        help="rollout service processes: weights pushed to all, requests spread over them (default: 1)",
+    )
     p.add_argument("--resume", action="store_true", help="continue from the run's last checkpoint")
     p.add_argument("--fresh", action="store_true", help="delete the run directory first (asks; see --yes)")
     p.add_argument("--yes", action="store_true", help="with --fresh: delete without asking")
@@ -333,8 +349,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nice", type=int, default=0, help="start every process under `nice -n N`")
     p.set_defaults(func=cmd_up)
 
-    p = sub.add_parser("validate", help="validate cascade configs")
+    p = sub.add_parser(
+        "validate", help="validate cascade configs and check that the files and directories they name exist"
+    )
     p.add_argument("configs", nargs="+")
+    p.add_argument(
+        "--schema-only",
+        action="store_true",
+        help="check the configs only, not the paths they name (e.g. on a host without the model)",
+    )
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("model", help="build models")

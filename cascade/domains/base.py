@@ -91,6 +91,14 @@ class EvalScoring(Protocol):
     def eval_batch(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[RewardVerdict]: ...
 
 
+@runtime_checkable
+class NeedsPreparing(Protocol):
+    """A domain whose verifier needs the host (e.g. the code sandbox): `prepare()` makes it ready
+    or raises saying what is missing, so a run fails at its start, not at its first score."""
+
+    def prepare(self) -> None: ...
+
+
 def score_for_eval(
     domain: Domain, problems: Sequence[Problem], completions: Sequence[str]
 ) -> list[RewardVerdict]:

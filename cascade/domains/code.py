@@ -24,7 +24,7 @@ from cascade.domains.base import (
     RewardVerdict,
 )
 from cascade.domains.common import Candidate, generate_problems, strip_thinking
-from cascade.domains.sandbox import BwrapSettings, ExecResult, Job, SandboxLimits, run_jobs
+from cascade.domains.sandbox import BwrapSettings, ExecResult, Job, SandboxLimits, resolve_backend, run_jobs
 
 
 @dataclass(frozen=True)
@@ -121,6 +121,11 @@ class CodeDomain:
 
     def make_problems(self, split: str, n: int, seed: int) -> list[Problem]:
         return generate_problems(self.name, split, n, seed, draw_code_problem)
+
+    def prepare(self) -> None:
+        """Start the sandbox now (`SandboxUnavailable` saying what the host lacks; a config
+        that asks for `sandbox: process` gets its one warning instead)."""
+        resolve_backend(self.config.sandbox, self.workers, self.settings)
 
     def score(self, problem: Problem, completion: str) -> RewardVerdict:
         return self.score_batch([problem], [completion])[0]

@@ -41,7 +41,7 @@ from cascade.checkpoint import (
 from cascade.config import CascadeConfig, StageConfig
 from cascade.curriculum import AdvanceTracker, TeacherRegistry
 from cascade.domains import load_problems, make_domain
-from cascade.domains.base import Domain, Problem
+from cascade.domains.base import Domain, NeedsPreparing, Problem
 from cascade.evaluation import evaluate_domain
 from cascade.frozen_models import FrozenModelCache
 from cascade.model.chat import encode_prompts
@@ -171,6 +171,9 @@ class CascadeRunner:
         return self.cfg.stages[0].filter
 
     def _load(self) -> None:
+        for verifier in self.domains.values():  # a verifier that cannot run fails the run now
+            if isinstance(verifier, NeedsPreparing):
+                verifier.prepare()
         if self.resume_from is not None:
             self.policy = load_policy(self.resume_from, self.cfg.model.dtype)
             saved = read_runner_state(self.resume_from)

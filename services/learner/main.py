@@ -1,9 +1,10 @@
 """`cascade-learner` / `python -m services.learner.main`: the learner of the distributed mode.
 
 Runs a cascade config's stages with rollouts from the rollout workers (Redis streams), weights
-pushed to the rollout service, teacher log-probs from the teacher service, and stage state,
-metrics, evals and checkpoints in the store (Postgres with `--db`). Arguments are parsed before
-torch or transformers are imported, so `--help` and bad flags answer at once.
+pushed to every rollout replica (a list and/or a DNS name resolved at each push), teacher
+log-probs from the teacher service, and stage state, metrics, evals and checkpoints in the store
+(Postgres with `--db`). Arguments are parsed before torch or transformers are imported, so
+`--help` and bad flags answer at once.
 """
 
 from __future__ import annotations
@@ -27,7 +28,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--stream-prefix", help="Redis key prefix shared with the rollout workers (default: cascade:<name>)"
     )
-    p.add_argument("--rollout", required=True, help="rollout service address host:port")
+    p.add_argument(
+        "--rollout", help="rollout replica addresses host:port[,host:port...] (weights go to all of them)"
+    )
+    p.add_argument(
+        "--rollout-dns",
+        help="NAME:PORT of a headless service, resolved to every replica's address at each weight push",
+    )
+    p.add_argument(
+        "--rollout-wait-s",
+        type=float,
+        default=60.0,
+        help="at start, wait this long for every listed replica to answer (default: %(default)s)",
+    )
     p.add_argument("--teacher", help="teacher service address host:port (needed when a stage distils)")
     p.add_argument("--no-distill", action="store_true", help="ablation: no distillation in any stage")
     mode = p.add_mutually_exclusive_group()
@@ -49,6 +62,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not args.config.is_file():
         p.error(f"config: {args.config} is not a file")
+    if not args.rollout and not args.rollout_dns:
+        p.error("give --rollout host:port[,host:port...] and/or --rollout-dns NAME:PORT")
+    from cascade.transport.rollout_replicas import Addresses
+
+    try:
+        Addresses.parse(args.rollout, args.rollout_dns)
+    except ValueError as err:
+        p.error(str(err))
     if args.torch_threads < 1:
         p.error("--torch-threads must be at least 1")
     if args.cascade_id is not None and args.db is None:
@@ -77,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     from cascade.run_store import CascadeMismatch, LeaseHeld
     from cascade.runner.fresh import confirm_fresh
     from cascade.runner.record import read_record, resume_command
+    from cascade.sandbox.pool import SandboxUnavailable
     from services.learner.learner import distributed_runner
 
     def log(line: str) -> None:
@@ -117,6 +139,9 @@ def main(argv: list[str] | None = None) -> int:
             redis_url=args.redis_url,
             stream_prefix=args.stream_prefix or f"cascade:{cfg.name}",
             rollout=args.rollout,
+            rollout_dns=args.rollout_dns,
+            rollout_wait_s=args.rollout_wait_s,
+            on_replica_failure=metrics.replica_failed,
             teacher=args.teacher,
             on_step=metrics.observe,
         )
@@ -127,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     training.set()
     try:
         result = learner.run()
-    except (RunDirError, CascadeMismatch, LeaseHeld) as err:
+    except (RunDirError, CascadeMismatch, LeaseHeld, SandboxUnavailable) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -162,3 +162,37 @@ def test_run_record_masks_the_password_and_the_hint_resumes(tmp_path: Path) -> N
         resume_command("c.yaml", run_dir, own, embedded=True)
         == f"cascade run c.yaml --resume --run-dir {run_dir}"
     )
+
+
+def test_a_verifier_that_cannot_run_fails_the_run_before_anything_is_written(
+    tmp_path: Path, random_tiny_model: Path
+) -> None:
+    """The loop prepares every verifier first (the code sandbox: `SandboxUnavailable` naming what
+    the host lacks), so a run without one fails at its start, not at its code stage."""
+    from cascade.domains import make_domain
+    from cascade.embedded import embedded_sources
+    from cascade.sandbox.pool import SandboxUnavailable
+
+    cfg = load_cascade_config(_config(tmp_path, random_tiny_model))
+
+    class NoSandbox:
+        name = "math"
+
+        def __init__(self) -> None:
+            self.inner = make_domain(cfg.domains[1])
+
+        def make_problems(self, split: str, n: int, seed: int) -> list:
+            return self.inner.make_problems(split, n, seed)
+
+        def score_batch(self, problems: list, completions: list) -> list:
+            raise AssertionError("never scored")
+
+        def prepare(self) -> None:
+            raise SandboxUnavailable("bubblewrap not found")
+
+    sources, domains = embedded_sources(cfg)
+    domains["math"] = NoSandbox()
+    runner = CascadeRunner(cfg, sources, run_dir=tmp_path / "run", domains=domains, log=lambda _: None)
+    with pytest.raises(SandboxUnavailable, match="bubblewrap"):
+        runner.run()
+    assert not (tmp_path / "run" / "checkpoints").exists() and not (tmp_path / "run" / "run.json").exists()
