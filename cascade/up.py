@@ -1,10 +1,11 @@
 """`cascade up CONFIG`: the distributed mode as local processes, without the control plane.
 
-Starts the rollout service, the reward service (gRPC front + Celery workers), the teacher
-service, rollout workers and the learner, each in its own session (its pid is its process
-group), on free loopback ports, against the local Redis and the given database. Prints where
-each listens and where it logs; when the learner finishes, or on Ctrl-C / SIGTERM, stops them
-all (SIGTERM to each group, SIGKILL to what lingers), the learner first.
+Starts the rollout service (`rollout_replicas` processes: `rollout`, `rollout-1`, ...), the
+reward service (gRPC front + Celery workers), the teacher service, rollout workers and the
+learner, each in its own session (its pid is its process group), on free loopback ports, against
+the local Redis and the given database. Prints where each listens and where it logs; when the
+learner finishes, or on Ctrl-C / SIGTERM, stops them all (SIGTERM to each group, SIGKILL to what
+lingers), the learner first.
 
 The services are started by module name (`python -m services...`): `cascade` imports none of them.
 """
@@ -31,7 +32,8 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-
+def _replica_no(name: str) -> int:
+    return 0 if name == "rollout" else int(name.rsplit("-", 1)[1])
 
 @dataclass
 class Proc:
@@ -112,6 +114,8 @@ class LocalStack:
     db: str | None = None
     stream_prefix: str = "cascade:up"
     workers: int = 2
+    rollout_replicas: int = 1
+    """Rollout service processes; the learner pushes weights to all, workers spread over them."""
     celery_workers: int = 1
     fresh: bool = False
     resume: bool = False
@@ -145,12 +149,22 @@ class LocalStack:
         self.procs[name] = proc
         return proc
 
+    def rollout_service(self, i: int) -> Proc:
+        """Rollout replica i (not started): `rollout` for 0, `rollout-<i>` after."""
+        name = "rollout" if i == 0 else f"rollout-{i}"
+        model = ("--model", str(self.model), "--torch-threads", "1")
+        return self._service(name, "services.rollout.main", *model)
+
+    def rollout_addresses(self) -> str:
+        """Every rollout replica started, `host:port,host:port` (the learner's and workers' --rollout)."""
+        names = sorted((n for n in self.procs if n == "rollout" or n.startswith("rollout-")), key=_replica_no)
+        return ",".join(self.procs[n].address for n in names)
+
     def start_services(self, timeout_s: float = 180.0) -> None:
-        rollout = self._service("rollout", "services.rollout.main", "--model", str(self.model))
-        rollout.argv += ["--torch-threads", "1"]
+        rollouts = [self.rollout_service(i) for i in range(self.rollout_replicas)]
         reward = self._service("reward", "services.reward.main", "--broker-url", self.redis_url)
         teacher = self._service("teacher", "services.teacher.main", "--torch-threads", "1")
-        for proc in (rollout, reward, teacher):
+        for proc in (*rollouts, reward, teacher):
             proc.start(self._env(), self.nice)
         for i in range(self.celery_workers):
             argv = [self.python, "-m", "celery", "-A", "services.reward.tasks", "worker", "-l", "INFO"]
@@ -159,13 +173,13 @@ class LocalStack:
             proc = Proc(f"celery-{i}", argv, self.log_dir / f"celery-{i}.log")
             self.procs[proc.name] = proc
             proc.start(self._env(), self.nice)
-        for proc in (rollout, reward, teacher):
+        for proc in (*rollouts, reward, teacher):
             wait_serving(proc, timeout_s)
 
     def worker(self, i: int) -> Proc:
         name = f"worker-{i}"
         argv = [self.python, "-m", "services.rollout.worker", "--redis-url", self.redis_url]
-        argv += ["--stream-prefix", self.stream_prefix, "--rollout", self.procs["rollout"].address]
+        argv += ["--stream-prefix", self.stream_prefix, "--rollout", self.rollout_addresses()]
         argv += ["--reward", self.procs["reward"].address, "--tokenizer", str(self.model)]
         argv += ["--name", name, "--claim-idle-ms", str(self.claim_idle_ms), *self.worker_flags.get(i, [])]
         proc = Proc(name, argv, self.log_dir / f"{name}.log")
@@ -176,7 +190,7 @@ class LocalStack:
     def start_learner(self) -> Proc:
         argv = [self.python, "-m", "services.learner.main", str(self.config), "--run-dir", str(self.run_dir)]
         argv += ["--redis-url", self.redis_url, "--stream-prefix", self.stream_prefix]
-        argv += ["--rollout", self.procs["rollout"].address, "--teacher", self.procs["teacher"].address]
+        argv += ["--rollout", self.rollout_addresses(), "--teacher", self.procs["teacher"].address]
         metrics = free_port()
         argv += ["--host", "127.0.0.1", "--metrics-port", str(metrics)]
         if self.db:
@@ -222,7 +236,7 @@ class LocalStack:
             time.sleep(0.2)
 
     def stop(self) -> None:
-        order = ["learner", *sorted(n for n in self.procs if n.startswith("worker")), "teacher", "rollout"]
+        order = ["learner", *sorted(n for n in self.procs if n.startswith("worker")), "teacher"]
         order += [n for n in self.procs if n not in order]
         for name in order:
             if name in self.procs:
@@ -240,5 +254,5 @@ class LocalStack:
         for p in self.procs.values():
             grpc = f"grpc {p.address}  " if p.port else ""
             where = f"{grpc}metrics http://127.0.0.1:{p.metrics_port}" if p.metrics_port else grpc
-            lines.append(f"  {p.name:<9} pid {p.pid:<7} {where:<48} log {p.log_path}")
+            lines.append(f"  {p.name:<10} pid {p.pid:<7} {where:<48} log {p.log_path}")
         return "\n".join(lines)

@@ -4,12 +4,15 @@ its sources. Nothing here decides what is learned; it only wires addresses to so
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from cascade.config import CascadeConfig
 from cascade.runner import CascadeRunner, RunSources
 from cascade.runner.sources import TeacherSource
+from cascade.transport.rollout_replicas import Addresses
+from services.learner.replicas import RolloutReplicas
 from services.learner.sources import NoTeachers, ServiceTeachers, StreamRollouts
 
 
@@ -19,21 +22,30 @@ def distributed_runner(
     run_dir: Path,
     redis_url: str,
     stream_prefix: str,
-    rollout: str,
+    rollout: str | None,
     teacher: str | None,
+    rollout_dns: str | None = None,
+    rollout_wait_s: float = 60.0,
+    on_replica_failure: Callable[[str, str], None] | None = None,
     keep_weights: int = 2,
     **kwargs: Any,
 ) -> CascadeRunner:
-    """The loop over the services; `kwargs` as `CascadeRunner`'s (db_url, resume, follow, ...)."""
+    """The loop over the services; `kwargs` as `CascadeRunner`'s (db_url, resume, follow, ...).
+
+    `rollout`: one or more rollout replicas `host:port[,host:port...]`; `rollout_dns`: a name
+    (`name:port`, a headless Service) resolved to all its addresses at each weight push."""
     distill = kwargs.get("distill", True)
     distils = any(config.teachers_for(i) for i in range(len(config.stages)))
     if distill and teacher is None and distils:
         raise ValueError("this cascade distils: the learner needs --teacher")
     log = kwargs.get("log", print)
+    replicas = RolloutReplicas(
+        Addresses.parse(rollout, rollout_dns), log=log, on_failure=on_replica_failure, wait_s=rollout_wait_s
+    )
     rollouts = StreamRollouts(
         redis_url=redis_url,
         stream_prefix=stream_prefix,
-        rollout=rollout,
+        rollout=replicas,
         weights_root=run_dir / "weights",
         keep_weights=keep_weights,
         log=log,

@@ -27,6 +27,28 @@ class LearnerMetrics:
             "Redelivered rollout chunks dropped (their sample ids were already trained on).",
             registry=self.registry,
         )
+        self.replicas = Gauge(
+            "cascade_learner_rollout_replicas",
+            "Rollout replicas in service (holding the last pushed weights).",
+            registry=self.registry,
+        )
+        self.replicas_out = Gauge(
+            "cascade_learner_rollout_replicas_out",
+            "Rollout replicas taken out of service (a failed push or generation) and not re-added.",
+            registry=self.registry,
+        )
+        self.replica_failures = Counter(
+            "cascade_learner_rollout_replica_failures",
+            "Rollout replicas taken out of service, by replica and by what failed (push, generate, attach).",
+            ["replica", "during"],
+            registry=self.registry,
+        )
+        self.push_seconds = Histogram(
+            "cascade_learner_weight_push_seconds",
+            "Wall time of one weight push to every replica (save included).",
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+            registry=self.registry,
+        )
         self.step_seconds = Histogram(
             "cascade_learner_step_seconds",
             "Wall time of one step.",
@@ -41,3 +63,12 @@ class LearnerMetrics:
         self.idle.set(float(metrics.get("idle_fraction", 0.0)))
         self.duplicates.inc(float(metrics.get("duplicate_chunks", 0.0)))
         self.step_seconds.observe(float(metrics.get("time_step_s", 0.0)))
+        if "rollout_replicas" in metrics:
+            self.replicas.set(float(metrics["rollout_replicas"]))
+            self.replicas_out.set(float(metrics["replicas_out"]))
+        if "time_push_s" in metrics:
+            self.push_seconds.observe(float(metrics["time_push_s"]))
+
+    def replica_failed(self, replica: str, during: str) -> None:
+        self.replica_failures.labels(replica, during).inc()
+        self.replicas_out.inc()

@@ -6,7 +6,8 @@
   publish `ScoredChunk`s to the `groups` stream. Each sample id is taken once (a re-delivery
   after a worker died is dropped), and only chunks of this learner process's `attempt`.
   Unscored generation (eval, distillation students) and weight updates go straight to the
-  rollout service, which holds the learner's current weights after every step.
+  rollout replicas (`services.learner.replicas`): every replica in service holds the learner's
+  current weights after every step, and all count versions alike (one offset).
 - `ServiceTeachers`: teacher log-probs from the teacher service; new best checkpoints are
   registered with it (`SetTeacher`), and again after a restart.
 """
@@ -29,14 +30,14 @@ from cascade.model.loading import Policy
 from cascade.rollout import PromptRequest, ScoredChunk
 from cascade.trainer import DistillSamples, TeacherTokens, remote_teacher_tokens
 from cascade.transport.redis_streams import SeenSet, StreamGroup, StreamKeys, connect, publish, reset
-from cascade.transport.rollout_client import RolloutClient
 from cascade.transport.teacher_client import TeacherClient
+from services.learner.replicas import RolloutReplicas
 
 WAIT_NOTE_S = 30.0
 
 
 class StreamRollouts:
-    """Rollouts from the workers over Redis streams, weights to the rollout service."""
+    """Rollouts from the workers over Redis streams, weights to every rollout replica."""
 
     kind = "distributed"
     overlaps = True
@@ -46,18 +47,17 @@ class StreamRollouts:
         *,
         redis_url: str,
         stream_prefix: str,
-        rollout: str,
+        rollout: RolloutReplicas,
         weights_root: Path,
         keep_weights: int = 2,
         log: Callable[[str], None] = print,
     ) -> None:
         self.redis = connect(redis_url)
         self.keys = StreamKeys(stream_prefix)
-        self.rollout = RolloutClient(rollout)
+        self.rollout = rollout
         self.weights_root = weights_root
         self.keep_weights = keep_weights
         self.log = log
-        self.version_offset = 0
         self._requests: dict[int, list[PromptRequest]] = {}
         self._message_ids: dict[int, list[str]] = {}
         self._chunks: dict[int, dict[int, ScoredChunk]] = {}
@@ -70,13 +70,12 @@ class StreamRollouts:
 
     def attach(self, policy: Policy, generator: torch.Generator, version: Callable[[], int]) -> None:
         """Start clean on this run's keys (a previous process's requests and chunks go), and
-        map the learner's versions onto the rollout engine's (which only grow)."""
+        map the learner's versions onto the replicas' (which only grow; one offset for all)."""
         reset(self.redis, self.keys)
         StreamGroup(self.redis, self.keys.prompts, "rollout", "learner")  # the workers' group, made here
         self._results = StreamGroup(self.redis, self.keys.groups, "learner", "learner")
         self._seen = SeenSet(self.redis, self.keys.seen)
-        _, remote = self.rollout.model_info()
-        self.version_offset = remote + 1 - version()
+        self.rollout.attach(version())
 
     def record(self) -> dict[str, Any]:
         return {"stream_prefix": self.keys.prefix}
@@ -94,6 +93,10 @@ class StreamRollouts:
         self.rollout.close()
         self.redis.close()
 
+    @property
+    def version_offset(self) -> int:
+        return self.rollout.offset
+
     # ------------------------------------------------------------------ weights
 
     def push(self, policy: Policy, version: int) -> dict[str, float]:
@@ -101,10 +104,11 @@ class StreamRollouts:
         self.weights_root.mkdir(parents=True, exist_ok=True)
         path = (self.weights_root / f"v{version:06d}").resolve()
         save_model_dir(policy, path)
-        self.rollout.update_weights(str(path), version=version + self.version_offset)
+        t_saved = time.perf_counter()
+        pushed = self.rollout.push(str(path), version)
         for old in sorted(self.weights_root.iterdir())[: -self.keep_weights]:
             shutil.rmtree(old, ignore_errors=True)
-        return {"time_push_s": time.perf_counter() - t0}
+        return {**pushed, "time_save_weights_s": t_saved - t0, "time_push_s": time.perf_counter() - t0}
 
     # ------------------------------------------------------------------ RL batches
 
@@ -116,7 +120,7 @@ class StreamRollouts:
         ids = []
         for req in requests:
             data = req.to_json()
-            data["policy_version"] += self.version_offset  # as the engine counts
+            data["policy_version"] += self.version_offset  # as every replica counts
             ids.append(publish(self.redis, self.keys.prompts, data))
         self._message_ids[batch] = ids
 
@@ -164,7 +168,7 @@ class StreamRollouts:
             self._chunks.pop(b, None)
 
     def generate(self, prompts: list[list[int]], n: int, sampling: SamplingSettings) -> VersionedGeneration:
-        result = self.rollout.generate(prompts, group_size=n, sampling=sampling).result
+        result = self.rollout.generate(prompts, n, sampling)
         result.version -= self.version_offset
         return result
 

@@ -2,8 +2,10 @@
 
 Reads prompt requests from the run's Redis stream through the consumer group `rollout`, turns each
 into a scored chunk with `cascade.rollout.generate_and_score` (the embedded run's own rollout
-function) with the rollout service generating (gRPC Generate, seeded per request) and the reward
-service scoring (gRPC Score), publishes the chunk to the groups stream, and only then
+function) with the rollout replicas generating (gRPC Generate, seeded per request, spread
+round-robin over `--rollout a,b` / `--rollout-dns`; a reply made by older weights than the
+request's `policy_version` is never used: another replica is asked, or the request waits) and the
+reward service scoring (gRPC Score), publishes the chunk to the groups stream, and only then
 acknowledges the request. Before reading new requests it retries its own pending ones
 and takes over requests other workers left pending for `--claim-idle-ms` (a worker that died
 mid-batch). Holds no model: only the tokenizer, to turn completion tokens into text.
@@ -28,7 +30,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="cascade-rollout-worker", description=__doc__.splitlines()[0])
     p.add_argument("--redis-url", default="redis://127.0.0.1:6379/0", help="default: %(default)s")
     p.add_argument("--stream-prefix", required=True, help="the run's key prefix (as the learner's)")
-    p.add_argument("--rollout", required=True, help="rollout service address host:port")
+    p.add_argument("--rollout", help="rollout replica addresses host:port[,host:port...]")
+    p.add_argument(
+        "--rollout-dns", help="NAME:PORT of a headless service listing the replicas (re-resolved every 30 s)"
+    )
     p.add_argument("--reward", required=True, help="reward service address host:port")
     p.add_argument("--tokenizer", required=True, type=Path, help="model directory holding the tokenizer")
     p.add_argument("--name", default=None, help="consumer name (default: <host>-<pid>)")
@@ -50,6 +55,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not args.tokenizer.is_dir():
         p.error(f"--tokenizer: {args.tokenizer} is not a directory")
+    from cascade.transport.rollout_replicas import Addresses
+
+    try:
+        Addresses.parse(args.rollout, args.rollout_dns)
+    except ValueError as err:
+        p.error(str(err))
     if args.claim_idle_ms < 1:
         p.error("--claim-idle-ms must be positive")
     args.name = args.name or f"{socket.gethostname()}-{os.getpid()}"
@@ -61,13 +72,13 @@ class Worker:
         from cascade.model.loading import load_tokenizer
         from cascade.transport.redis_streams import StreamGroup, StreamKeys, connect
         from cascade.transport.reward_client import RewardClient
-        from cascade.transport.rollout_client import RolloutClient
+        from cascade.transport.rollout_replicas import Addresses, ReplicaPool
 
         self.args = args
         self.keys = StreamKeys(args.stream_prefix)
         self.redis = connect(args.redis_url)
         self.requests = StreamGroup(self.redis, self.keys.prompts, "rollout", args.name)
-        self.rollout = RolloutClient(args.rollout)
+        self.rollout = ReplicaPool(Addresses.parse(args.rollout, args.rollout_dns))
         self.reward = RewardClient(args.reward)
         self.tokenizer = load_tokenizer(args.tokenizer)
         self.stopping = False
@@ -116,8 +127,12 @@ class Worker:
         log.info("took %s: batch %d request %d", message_id, req.batch, req.index)
         self._fault("before_generate")
 
+        served: list[str] = []
+
         def generate_fn(prompts: list[list[int]], n: int, sampling: SamplingSettings) -> VersionedGeneration:
-            return self.rollout.generate(prompts, group_size=n, sampling=sampling).result
+            result = self.rollout.generate(prompts, n, sampling, min_version=req.policy_version)
+            served.append(self.rollout.last_address)
+            return result
 
         def decode(ids: list[list[int]]) -> list[str]:
             return self.tokenizer.batch_decode(ids, skip_special_tokens=True)
@@ -133,7 +148,13 @@ class Worker:
         publish(self.redis, self.keys.groups, chunk.to_json())
         self._fault("before_ack")
         self.requests.ack(message_id)
-        log.info("published batch %d request %d (engine v%d)", req.batch, req.index, chunk.engine_version)
+        log.info(
+            "published batch %d request %d (engine v%d, replica %s)",
+            req.batch,
+            req.index,
+            chunk.engine_version,
+            ", ".join(served) or "-",
+        )
 
     def close(self) -> None:
         self.rollout.close()

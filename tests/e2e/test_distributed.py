@@ -1,8 +1,10 @@
 """The distributed mode end to end on local processes: rollout, reward and teacher services,
 rollout workers over Redis streams, and the learner writing to Postgres (`cascade.up.LocalStack`).
 
-One set of services serves both tests (started once, stopped by pid at the end); each test
-starts its own learner and workers on a fresh stream prefix. Needs Redis on 127.0.0.1:6379
+One set of services serves every test (started once, stopped by pid at the end); each test
+starts its own learner and workers on a fresh stream prefix (the two-replica test adds a second
+rollout service for its run). The two-stage cascade's embedded run, the reference of the equality
+tests, runs once per module. Needs Redis on 127.0.0.1:6379
 (skipped without it) and Postgres (the `postgres_url` fixture).
 """
 
@@ -20,10 +22,20 @@ from typing import Any
 
 import pytest
 
-from cascade.up import LocalStack
+from cascade.up import LocalStack, wait_serving
 
 REDIS_URL = os.environ.get("CASCADE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-DISTRIBUTED_ONLY = {"time_push_s", "time_wait_s", "idle_fraction", "duplicate_chunks"}
+DISTRIBUTED_ONLY = {
+    "time_push_s",
+    "time_push_replica_max_s",
+    "time_save_weights_s",
+    "time_wait_s",
+    "idle_fraction",
+    "duplicate_chunks",
+    "rollout_replicas",
+    "replicas_out",
+    "replica_failures",
+}
 
 
 def _redis_up() -> bool:
@@ -54,6 +66,29 @@ def stack(random_tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> 
         yield s
     finally:
         s.stop()
+
+
+@pytest.fixture(scope="module")
+def two_stage_reference(e2e: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The embedded run of the two-stage cascade (`_two_stage`): what every distributed run of it
+    must equal, metric for metric."""
+    root = tmp_path_factory.mktemp("embedded-two-stage")
+    cfg = e2e.config(root, _two_stage)
+    e2e.run(cfg, run_dir=root / "embedded")
+    return e2e.rows(e2e.sqlite_url(root / "embedded"))
+
+
+def _assert_equal_to(rows: Any, ref: Any) -> None:
+    """Every step metric but timings and the distributed-only ones, and every eval, identical."""
+    skip = set(TIMING) | DISTRIBUTED_ONLY
+    assert len(rows.steps) == len(ref.steps)
+    for (_, _, g, dist), (_, _, g2, emb) in zip(rows.steps, ref.steps, strict=True):
+        assert g == g2
+        assert set(dist) - skip == set(emb) - skip, g
+        for key in set(emb) - skip:
+            a, b = dist[key], emb[key]
+            assert a == b, (g, key, a, b)  # identical: same seeds, same weights, same functions
+    assert [e[:5] for e in rows.evals] == [e[:5] for e in ref.evals]
 
 
 def _use(stack: LocalStack, config: Path, run_dir: Path, db: str | None) -> None:
@@ -88,8 +123,10 @@ def _scrape_while_training(port: int | None, stack: LocalStack, timeout_s: float
     return {}
 
 
-def test_two_stage_cascade_with_distillation_matches_embedded(stack, e2e, tmp_path, postgres_url) -> None:
-    cfg = e2e.config(tmp_path, _two_stage)
+def test_two_stage_cascade_with_distillation_matches_embedded(
+    stack, e2e, tmp_path, postgres_url, two_stage_reference
+) -> None:
+    e2e.config(tmp_path, _two_stage)
     run_dir = tmp_path / "distributed"
     _use(stack, tmp_path / "cascade.yaml", run_dir, postgres_url)
     stack.claim_idle_ms = 60_000  # no take-overs of slow-but-alive workers here (test below)
@@ -126,17 +163,86 @@ def test_two_stage_cascade_with_distillation_matches_embedded(stack, e2e, tmp_pa
 
     # same config and seed in one process: the same numbers, step for step (sampling is seeded
     # per request from (seed, batch, request); weights go through float32 safetensors unchanged)
-    embedded_dir = tmp_path / "embedded"
-    e2e.run(cfg, run_dir=embedded_dir)
-    ref = e2e.rows(e2e.sqlite_url(embedded_dir))
-    skip = set(e2e.TIMING_KEYS) | DISTRIBUTED_ONLY
-    for (_, _, g, dist), (_, _, g2, emb) in zip(rows.steps, ref.steps, strict=True):
-        assert g == g2
-        assert set(dist) - skip == set(emb) - skip, g
-        for key in set(emb) - skip:
-            a, b = dist[key], emb[key]
-            assert a == b, (g, key, a, b)  # identical: same seeds, same weights, same functions
-    assert [e[:5] for e in rows.evals] == [e[:5] for e in ref.evals]
+    _assert_equal_to(rows, two_stage_reference)
+    assert all(m["rollout_replicas"] == 1 and m["replicas_out"] == 0 for _, _, _, m in rows.steps)
+
+
+def _scrape_until(port: int | None, stack: LocalStack, wanted: Any, timeout_s: float = 120) -> dict[str, Any]:
+    """The learner's /metrics samples (name, labels) -> value, once `wanted(samples)` holds."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    deadline = time.monotonic() + timeout_s
+    values: dict[Any, float] = {}
+    while time.monotonic() < deadline and stack.procs["learner"].alive():
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as reply:
+                text = reply.read().decode()
+        except OSError:
+            time.sleep(0.2)
+            continue
+        values = {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(text)
+            for s in f.samples
+        }
+        if wanted(values):
+            return values
+        time.sleep(0.2)
+    return values
+
+
+def test_two_rollout_replicas_one_killed_mid_run_still_match_embedded(
+    stack, e2e, tmp_path, two_stage_reference
+) -> None:
+    """Two rollout service processes: the learner pushes every version to both, the workers
+    spread their requests over both (`--rollout a,b`). After step 2 the second replica is
+    SIGKILLed: the learner takes it out (an ERROR line, the step metrics, Prometheus), the
+    workers' requests go to the first, and every step metric and eval still equals the embedded
+    run's (per-request seeding: a request generates the same tokens on either replica)."""
+    e2e.config(tmp_path, _two_stage)
+    run_dir = tmp_path / "distributed"
+    _use(stack, tmp_path / "cascade.yaml", run_dir, None)
+    stack.claim_idle_ms = 60_000
+    extra = stack.rollout_service(1)
+    extra.start(stack._env(), stack.nice)
+    first = stack.procs["rollout"].address
+    try:
+        wait_serving(extra, 120)
+        assert stack.rollout_addresses() == f"{first},{extra.address}"
+        for i in range(2):
+            stack.worker(i)
+        learner = stack.start_learner()
+        _wait(
+            "step 2",
+            lambda: (run_dir / "samples.jsonl").exists() and len(_trained(run_dir)) >= 2,
+            alive=learner.alive,
+        )
+        served = "".join(stack.procs[f"worker-{i}"].log() for i in range(2))
+        extra.signal_group(signal.SIGKILL)
+        extra.popen.wait(timeout=10)
+        key = ("cascade_learner_rollout_replicas_out", ())
+        scraped = _scrape_until(learner.metrics_port, stack, lambda v: v.get(key, 0) >= 1)
+        assert stack.wait(timeout_s=150) == 0, learner.log()[-3000:]
+        log = learner.log()
+    finally:
+        stack.stop_run()
+        stack.procs.pop("rollout-1").stop()
+    # both replicas served requests before the kill
+    assert f"replica {first})" in served and f"replica {extra.address})" in served, served[-2000:]
+    assert f"ERROR rollout replica {extra.address} taken out of service" in log, log[-3000:]
+    assert scraped.get(key) == 1, scraped
+    failures = {k: v for k, v in scraped.items() if k[0] == "cascade_learner_rollout_replica_failures_total"}
+    assert [dict(k[1])["replica"] for k, v in failures.items() if v == 1] == [extra.address], failures
+
+    rows = e2e.rows(e2e.sqlite_url(run_dir))
+    assert rows.run_status == "completed"
+    metrics = [m for _, _, _, m in rows.steps]
+    assert metrics[0]["rollout_replicas"] == 2 and metrics[0]["replicas_out"] == 0
+    assert metrics[-1]["rollout_replicas"] == 1 and metrics[-1]["replicas_out"] == 1
+    assert sum(m["replica_failures"] for m in metrics) == 1
+    _assert_equal_to(rows, two_stage_reference)
 
 
 def _keys_left(prefix: str) -> list[bytes]:
