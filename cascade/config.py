@@ -7,6 +7,8 @@ silently fall back to a default), and every error names the field path.
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -388,8 +390,43 @@ class CascadeConfig(StrictModel):
 # --------------------------------------------------------------------------- loading
 
 
+MAX_DEPTH = 64
+"""Deepest nesting of mappings and lists a config may have (a real one nests about 5 deep).
+Checked while the text is parsed, before anything is built from it: a document nested
+thousands deep is refused in microseconds, never a RecursionError."""
+
+
+class NestingTooDeep(ValueError):
+    """A document nested deeper than the bound; the message names the bound."""
+
+    def __init__(self, max_depth: int, where: str = "") -> None:
+        super().__init__(f"{where}nested deeper than {max_depth} levels (the bound on a config's nesting)")
+        self.max_depth = max_depth
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses a key given twice in one mapping (YAML would keep the last)."""
+    """SafeLoader that refuses a key given twice in one mapping (YAML would keep the last) and a
+    document nested deeper than `max_depth` (PyYAML's composer recurses once per level)."""
+
+    max_depth = MAX_DEPTH
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node:
+        collection = self.check_event(yaml.MappingStartEvent, yaml.SequenceStartEvent)
+        if collection:
+            self._depth += 1
+            if self._depth > self.max_depth:
+                mark = self.peek_event().start_mark
+                where = f"line {mark.line + 1}, column {mark.column + 1}: "
+                raise NestingTooDeep(self.max_depth, where)
+        try:
+            return super().compose_node(parent, index)  # type: ignore[no-untyped-call]
+        finally:
+            if collection:
+                self._depth -= 1
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen: set[object] = set()
@@ -400,6 +437,32 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                 raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", mark)
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
+
+
+_JSON_SIGNIFICANT = re.compile(r'[\[\]{}"]')
+_JSON_STRING_REST = re.compile(r'(?:[^"\\]|\\.)*"', re.DOTALL)
+
+
+def check_json_depth(text: str, max_depth: int = MAX_DEPTH) -> None:
+    """Raise `NestingTooDeep` if the JSON text nests deeper than `max_depth` (brackets inside
+    strings do not count), before `json.loads` would recurse into it. One linear pass;
+    malformed text is left to the parser."""
+    depth = 0
+    pos = 0
+    while (match := _JSON_SIGNIFICANT.search(text, pos)) is not None:
+        char = match.group(0)
+        pos = match.end()
+        if char == '"':
+            rest = _JSON_STRING_REST.match(text, pos)
+            if rest is None:
+                return  # an unterminated string: json.loads says where
+            pos = rest.end()
+        elif char in "[{":
+            depth += 1
+            if depth > max_depth:
+                raise NestingTooDeep(max_depth, f"character {match.start() + 1}: ")
+        else:
+            depth -= 1
 
 
 class ConfigError(Exception):
@@ -437,16 +500,43 @@ def parse_domain_config(data: object, source: str = "domain") -> DomainConfig:
         raise ConfigError(_format_validation_error(err, source)) from None
 
 
-def parse_cascade_yaml(text: str, source: str = "config") -> CascadeConfig:
-    """A cascade from YAML text (the control plane receives configs this way): a key given
-    twice is an error, as is anything the models refuse."""
+def _load_yaml(text: str, max_depth: int) -> object:
+    loader = _UniqueKeyLoader(text)
+    loader.max_depth = max_depth
     try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
+def parse_cascade_yaml(text: str, source: str = "config", *, max_depth: int = MAX_DEPTH) -> CascadeConfig:
+    """A cascade from YAML text (the control plane receives configs this way): a key given
+    twice is an error, as is nesting deeper than `max_depth` and anything the models refuse."""
+    try:
+        data = _load_yaml(text, max_depth)
+    except NestingTooDeep as err:
+        raise ConfigError(f"{source}: invalid YAML: {err}") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
         raise ConfigError(f"{source}: invalid YAML: {where}{problem}") from None
+    except RecursionError:  # belt and braces: the depth bound should make this unreachable
+        raise ConfigError(f"{source}: invalid YAML: nested too deeply") from None
+    return parse_cascade_config(data, source)
+
+
+def parse_cascade_json(text: str, source: str = "config", *, max_depth: int = MAX_DEPTH) -> CascadeConfig:
+    """A cascade from JSON text, with the same nesting bound as YAML."""
+    try:
+        check_json_depth(text, max_depth)
+        data = json.loads(text)
+    except NestingTooDeep as err:
+        raise ConfigError(f"{source}: invalid JSON: {err}") from None
+    except RecursionError:
+        raise ConfigError(f"{source}: invalid JSON: nested too deeply") from None
+    except ValueError as err:
+        raise ConfigError(f"{source}: invalid JSON: {err}") from None
     return parse_cascade_config(data, source)
 
 
@@ -468,3 +558,39 @@ def load_cascade_config(path: str | Path) -> CascadeConfig:
                 update={"model": config.model.model_copy(update={"path": base / config.model.path})}
             )
     return config
+
+
+def check_paths(cfg: CascadeConfig) -> list[str]:
+    """What the config names on disk and is not there: one `field: problem` line per missing or
+    wrong-kind path (empty when all is well). Relative paths are checked as the runner reads
+    them: from the working directory (the model's also next to the config file, as
+    `load_cascade_config` resolved it).
+
+    Kept apart from the schema checks: the control plane validates configs for runners on
+    other hosts (it need not hold the model); `cascade validate` and `cascade run` call both.
+    """
+    problems: list[str] = []
+
+    def shown(path: Path) -> str:
+        return str(path) if path.is_absolute() else f"{path} ({path.absolute()})"
+
+    def model_dir(field: str, path: Path, hint: str = "") -> None:
+        if not path.exists():
+            problems.append(f"{field}: {shown(path)} does not exist{hint}")
+        elif not (path / "config.json").is_file():
+            problems.append(f"{field}: {shown(path)} is not a model directory (no config.json){hint}")
+
+    model_dir("model.path", cfg.model.path, " (build the tiny one with `cascade model init`)")
+    for i, domain in enumerate(cfg.domains):
+        if isinstance(domain.prompts, JsonlPrompts):
+            for name in ("train_path", "eval_path"):
+                path = getattr(domain.prompts, name)
+                if not path.exists():
+                    problems.append(f"domains.{i}.prompts.{name}: {shown(path)} does not exist")
+                elif not path.is_file():
+                    problems.append(f"domains.{i}.prompts.{name}: {shown(path)} is not a file")
+        if isinstance(domain.reward, RlhfReward):
+            model_dir(f"domains.{i}.reward.model_path", domain.reward.model_path)
+    if cfg.output_dir.exists() and not cfg.output_dir.is_dir():
+        problems.append(f"output_dir: {shown(cfg.output_dir)} exists and is not a directory")
+    return problems

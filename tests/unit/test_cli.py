@@ -107,7 +107,10 @@ def test_undecodable_file_exits_2(tmp_path: Path, command: str) -> None:
 
 
 def test_validate_ok_and_bad_together(tmp_path: Path) -> None:
-    good = _write(tmp_path, _config(tmp_path), "good.yaml")
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    good = _write(tmp_path, _config(tmp_path, model), "good.yaml")
     bad = _write(tmp_path, _bad_group_size(tmp_path))
     proc = _cli("validate", str(good), str(bad))
     assert proc.returncode == 2
@@ -117,12 +120,56 @@ def test_validate_ok_and_bad_together(tmp_path: Path) -> None:
 
 
 def test_validate_examples() -> None:
+    """Every example is a valid config; the paths they name are checked where their models are
+    built (`make test` builds models/tiny, not models/tiny-full)."""
     examples = sorted((REPO / "examples").glob("*.yaml"))
     assert examples
-    proc = _cli("validate", *map(str, examples))
+    proc = _cli("validate", "--schema-only", *map(str, examples))
     assert proc.returncode == 0, proc.stderr
     assert len(proc.stdout.splitlines()) == len(examples)
     assert all(line.startswith("ok: ") for line in proc.stdout.splitlines())
+    if (REPO / "models" / "tiny" / "config.json").exists():
+        proc = _cli("validate", "examples/tiny-cascade.yaml")
+        assert (proc.returncode, proc.stderr) == (0, ""), proc.stderr
+
+
+@pytest.mark.parametrize("command", ["validate", "run"])
+def test_deeply_nested_yaml_exits_2_with_one_line(tmp_path: Path, command: str) -> None:
+    """About 2 KB nested 1000 deep: the nesting bound's one line, not a RecursionError."""
+    path = _write(tmp_path, "[" * 1000 + "]" * 1000)
+    line = _one_error_line(_cli(command, str(path)))
+    assert line == (
+        f"error: {path}: invalid YAML: line 1, column 65: nested deeper than 64 levels "
+        "(the bound on a config's nesting)"
+    )
+
+
+def test_validate_checks_the_paths_the_config_names(tmp_path: Path) -> None:
+    data = _config(tmp_path, tmp_path / "no-model")
+    data["domains"][1]["prompts"] = {"kind": "jsonl", "train_path": str(tmp_path / "t.jsonl"),
+                                     "eval_path": str(tmp_path / "e.jsonl")}  # fmt: skip
+    path = _write(tmp_path, data, "c.yaml")
+    proc = _cli("validate", str(path))
+    assert proc.returncode == 2 and proc.stdout == "" and "Traceback" not in proc.stderr
+    assert proc.stderr.splitlines() == [
+        f"error: {path}: model.path: {tmp_path / 'no-model'} does not exist "
+        "(build the tiny one with `cascade model init`)",
+        f"error: {path}: domains.1.prompts.train_path: {tmp_path / 't.jsonl'} does not exist",
+        f"error: {path}: domains.1.prompts.eval_path: {tmp_path / 'e.jsonl'} does not exist",
+    ]
+    proc = _cli("validate", "--schema-only", str(path))
+    assert proc.returncode == 0 and proc.stdout.startswith(f"ok: {path}")
+    (tmp_path / "no-model").mkdir()
+    (tmp_path / "t.jsonl").write_text("")
+    (tmp_path / "e.jsonl").write_text("")
+    line = _one_error_line(_cli("validate", str(path)))
+    assert line == (
+        f"error: {path}: model.path: {tmp_path / 'no-model'} is not a model directory (no config.json) "
+        "(build the tiny one with `cascade model init`)"
+    )
+    (tmp_path / "no-model" / "config.json").write_text("{}")
+    proc = _cli("validate", str(path))
+    assert (proc.returncode, proc.stderr) == (0, "")
 
 
 def test_run_without_model_dir_exits_2(tmp_path: Path) -> None:

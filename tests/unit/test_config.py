@@ -4,13 +4,25 @@ the field path and the reason (the CLI prints that line as is)."""
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from cascade.config import CascadeConfig, ConfigError, load_cascade_config, parse_cascade_config
+from cascade.config import (
+    MAX_DEPTH,
+    CascadeConfig,
+    ConfigError,
+    NestingTooDeep,
+    check_json_depth,
+    check_paths,
+    load_cascade_config,
+    parse_cascade_config,
+    parse_cascade_json,
+    parse_cascade_yaml,
+)
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
 
@@ -230,6 +242,113 @@ def test_relative_model_path_resolves_next_to_config(tmp_path: Path, monkeypatch
     monkeypatch.chdir(tmp_path)  # models/tiny does not exist here
     cfg = load_cascade_config(path)
     assert cfg.model.path == tmp_path / "cfg" / "models" / "tiny"
+
+
+# --------------------------------------------------------------------------- nesting bound
+
+DEEP_YAML = {
+    "flow-lists": "[" * 1000 + "]" * 1000,
+    "flow-mappings": "{a: " * 1000 + "1" + "}" * 1000,
+    "block-sequences": "- " * 1000 + "1\n",
+    "block-mappings": "".join(" " * i + "a:\n" for i in range(1000)) + " " * 1000 + "1\n",
+    "under-a-key": "name: x\nmodel:\n  path: " + "[" * 1000 + "]" * 1000 + "\n",
+}
+
+
+@pytest.mark.parametrize("case", sorted(DEEP_YAML))
+def test_deep_yaml_file_is_one_line_naming_the_bound(tmp_path: Path, case: str) -> None:
+    """About 2 KB nested 1000 deep was a RecursionError (a traceback in `cascade validate`)."""
+    path = tmp_path / "deep.yaml"
+    path.write_text(DEEP_YAML[case])
+    with pytest.raises(ConfigError) as info:
+        load_cascade_config(path)
+    msg = str(info.value)
+    assert "\n" not in msg and msg.startswith(f"{path}: invalid YAML: line ")
+    assert msg.endswith(f"nested deeper than {MAX_DEPTH} levels (the bound on a config's nesting)")
+
+
+def test_nesting_bound_is_exact_and_configurable() -> None:
+    for depth, ok in ((MAX_DEPTH, True), (MAX_DEPTH + 1, False)):
+        for text in ("[" * depth + "]" * depth, '{"a":' * depth + "1" + "}" * depth):
+            if ok:
+                check_json_depth(text)
+            else:
+                with pytest.raises(NestingTooDeep):
+                    check_json_depth(text)
+        yaml_text = "[" * depth + "]" * depth
+        with pytest.raises(ConfigError) as info:  # parses, then is not a mapping
+            parse_cascade_yaml(yaml_text, "t")
+        assert ("expected a mapping" in str(info.value)) == ok
+    with pytest.raises(ConfigError, match="nested deeper than 8 levels"):
+        parse_cascade_json("[" * 9 + "]" * 9, "t", max_depth=8)
+    with pytest.raises(ConfigError, match="nested deeper than 8 levels"):
+        parse_cascade_yaml("[" * 9 + "]" * 9, "t", max_depth=8)
+
+
+def test_json_depth_skips_strings() -> None:
+    check_json_depth(json.dumps({"a": "[" * 500, "b": '{\\"[[[' * 100}))
+    check_json_depth('"' + "\\" * 10 + '"' + "[]" * 10)
+    check_json_depth('["unterminated ' + "[" * 500)  # left to json.loads, which says where
+    with pytest.raises(NestingTooDeep, match="character 71: "):  # 6 string chars, then the 65th [
+        check_json_depth('"[[[["' + "[" * 65)
+    json_config = json.dumps(_base())
+    assert parse_cascade_json(json_config, "t") == parse_cascade_config(_base(), "t")
+
+
+def test_a_long_flat_config_stays_fast() -> None:
+    """The bound is checked while parsing: a 1000-stage config (120 KB) is not slowed by it."""
+    import time
+
+    data = _base()
+    data["stages"] = [{"name": f"s{i}", "domain": "if"} for i in range(1000)]
+    text = yaml.safe_dump(data)
+    start = time.perf_counter()
+    cfg = parse_cascade_yaml(text, "t")
+    assert len(cfg.stages) == 1000
+    assert time.perf_counter() - start < 30  # generous: a loaded 2-core machine
+
+
+# --------------------------------------------------------------------------- paths named
+
+
+def _model_dir(path: Path) -> Path:
+    path.mkdir(parents=True)
+    (path / "config.json").write_text("{}")
+    return path
+
+
+def test_check_paths_all_present(tmp_path: Path) -> None:
+    data = _base()
+    data["model"] = {"path": str(_model_dir(tmp_path / "model"))}
+    (tmp_path / "train.jsonl").write_text("")
+    (tmp_path / "eval.jsonl").write_text("")
+    train, evals = str(tmp_path / "train.jsonl"), str(tmp_path / "eval.jsonl")
+    data["domains"][1]["prompts"] = {"kind": "jsonl", "train_path": train, "eval_path": evals}
+    data["domains"].append(
+        {"name": "rlhf", "reward": {"kind": "rlhf", "model_path": str(_model_dir(tmp_path / "rm"))}}
+    )
+    data["output_dir"] = str(tmp_path / "runs")  # need not exist yet
+    assert check_paths(parse_cascade_config(data)) == []
+
+
+def test_check_paths_names_each_missing_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "not-a-model").mkdir()
+    (tmp_path / "a-dir.jsonl").mkdir()
+    (tmp_path / "runs-file").write_text("")
+    data = _base()
+    data["model"] = {"path": "not-a-model"}
+    data["domains"][1]["prompts"] = {"kind": "jsonl", "train_path": "nope.jsonl", "eval_path": "a-dir.jsonl"}
+    data["domains"].append({"name": "rlhf", "reward": {"kind": "rlhf", "model_path": "/nonexistent/rm"}})
+    data["output_dir"] = "runs-file"
+    assert check_paths(parse_cascade_config(data)) == [
+        f"model.path: not-a-model ({tmp_path}/not-a-model) is not a model directory (no config.json) "
+        "(build the tiny one with `cascade model init`)",
+        f"domains.1.prompts.train_path: nope.jsonl ({tmp_path}/nope.jsonl) does not exist",
+        f"domains.1.prompts.eval_path: a-dir.jsonl ({tmp_path}/a-dir.jsonl) is not a file",
+        "domains.3.reward.model_path: /nonexistent/rm does not exist",
+        f"output_dir: runs-file ({tmp_path}/runs-file) exists and is not a directory",
+    ]
 
 
 # --------------------------------------------------------------------------- teachers_for
