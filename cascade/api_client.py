@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Any
 
@@ -59,8 +60,16 @@ class ApiClient:
     def create_cascade_yaml(self, text: str) -> Any:
         return self.request("POST", "/api/cascades", body=text.encode(), content_type="application/yaml")
 
+    def delete(self, path: str) -> Any:
+        return self.request("DELETE", path)
+
     def stage_command(self, stage_id: int, command: str) -> Any:
         return self.post(f"/api/stages/{stage_id}/{command}")
+
+    def stage_command_in(self, cascade_id: int, stage: str, command: str) -> Any:
+        """The command on the cascade's stage named `stage` (or at that 0-based index)."""
+        ref = urllib.parse.quote(stage, safe="")
+        return self.post(f"/api/cascades/{cascade_id}/stages/{ref}/{command}")
 
 
 def _detail(raw: bytes) -> str:

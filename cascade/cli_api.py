@@ -91,8 +91,30 @@ def cmd_api_abort(args: argparse.Namespace) -> int:
     return code
 
 
+def cmd_api_delete(args: argparse.Namespace) -> int:
+    code, out = _call(_client(args).delete, f"/api/cascades/{args.cascade_id}")
+    if out is not None:
+        order = ("stages", "runs", "steps", "evals", "checkpoints", "events", "leases")
+        deleted = out["deleted"]
+        rows = ", ".join(f"{deleted[t]} {t}" for t in order if deleted.get(t))
+        print(f"cascade {out['cascade_id']} deleted ({rows or 'nothing under it'})")
+    return code
+
+
 def cmd_stage(args: argparse.Namespace) -> int:
-    code, out = _call(_client(args).stage_command, args.stage_id, args.stage_command)
+    by_name = args.cascade is not None or args.stage is not None
+    if by_name == (args.stage_id is not None) or (by_name and None in (args.cascade, args.stage)):
+        print(
+            f"error: name the stage by its id (cascade stage {args.stage_command} ID) or by its cascade and "
+            f"name or index (cascade stage {args.stage_command} --cascade N --stage NAME)",
+            file=sys.stderr,
+        )
+        return 2
+    client = _client(args)
+    if by_name:
+        code, out = _call(client.stage_command_in, args.cascade, args.stage, args.stage_command)
+    else:
+        code, out = _call(client.stage_command, args.stage_id, args.stage_command)
     if out is not None:
         note = "" if out["changed"] else " (no change: already in effect)"
         print(_stage_line(out["stage"]).strip() + note)
@@ -132,6 +154,14 @@ def add_parsers(sub: Any) -> None:
     a.add_argument("cascade_id", type=int)
     _client_flags(a)
     a.set_defaults(func=cmd_api_abort)
+    a = asub.add_parser(
+        "delete",
+        help="delete a completed, failed or aborted cascade with its runs, metrics and events "
+        "(refused while it runs; checkpoint files stay on disk)",
+    )
+    a.add_argument("cascade_id", type=int)
+    _client_flags(a)
+    a.set_defaults(func=cmd_api_delete)
 
     p = sub.add_parser("stage", help="start, pause, resume or advance a stage through the control plane")
     ssub = p.add_subparsers(dest="stage_command", required=True)
@@ -143,6 +173,8 @@ def add_parsers(sub: Any) -> None:
     }
     for name, text in helps.items():
         s = ssub.add_parser(name, help=text)
-        s.add_argument("stage_id", type=int, help="the stage's id (`cascade api show CASCADE_ID`)")
+        s.add_argument("stage_id", type=int, nargs="?", help="the stage's id (`cascade api show CASCADE_ID`)")
+        s.add_argument("--cascade", type=int, help="with --stage: the cascade's id")
+        s.add_argument("--stage", help="with --cascade: the stage's name or 0-based index in the cascade")
         _client_flags(s)
         s.set_defaults(func=cmd_stage)

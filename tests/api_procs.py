@@ -41,7 +41,9 @@ def fresh_schema() -> AbstractContextManager[str]:
 
 
 class ApiServer:
-    def __init__(self, db_url: str, log_dir: Path, *, name: str = "api") -> None:
+    def __init__(
+        self, db_url: str, log_dir: Path, *, name: str = "api", extra: dict[str, Any] | None = None
+    ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.db_url = db_url
@@ -51,6 +53,7 @@ class ApiServer:
                 {"name": "viewer", "role": "read", "token": READ_TOKEN},
             ],
             "db_wait_s": 10,
+            **(extra or {}),
         }
         config = log_dir / f"{name}-settings.yaml"
         config.write_text(yaml.safe_dump(settings))
@@ -130,8 +133,11 @@ class ApiServer:
 
 
 @contextmanager
-def running_api(db_url: str, log_dir: Path, name: str = "api") -> Iterator[ApiServer]:
-    server = ApiServer(db_url, log_dir, name=name)
+def running_api(
+    db_url: str, log_dir: Path, name: str = "api", extra: dict[str, Any] | None = None
+) -> Iterator[ApiServer]:
+    """The server on `db_url`; `extra` settings (e.g. `limits`) merged into its settings file."""
+    server = ApiServer(db_url, log_dir, name=name, extra=extra)
     try:
         server.wait_ready()
         yield server

@@ -17,13 +17,17 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from cascade.store.db import session_scope
-from services.api.settings import Principal, TokenTable
+from services.api.settings import ApiLimits, Principal, TokenTable
 
 _bearer = HTTPBearer(auto_error=False, description="A token from the API's settings (role write)")
 
 
 def get_engine(request: Request) -> Engine:
     return request.app.state.engine  # type: ignore[no-any-return]
+
+
+def get_limits(request: Request) -> ApiLimits:
+    return request.app.state.limits  # type: ignore[no-any-return]
 
 
 @contextmanager
@@ -51,3 +55,4 @@ def require_writer(
 
 EngineDep = Annotated[Engine, Depends(get_engine)]
 WriterDep = Annotated[Principal, Depends(require_writer)]
+LimitsDep = Annotated[ApiLimits, Depends(get_limits)]

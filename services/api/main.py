@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     log.info("database %s at schema revision %s", shown, migrate.current_revision(engine))
     log.info("write/read tokens: %s", tokens.describe())
-    app = create_app(engine, tokens)
+    app = create_app(engine, tokens, settings.limits)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level.lower())
     engine.dispose()
     return 0

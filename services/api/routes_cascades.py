@@ -1,22 +1,26 @@
 """Cascade routes: create from a config (JSON or YAML), list, read everything a run recorded,
-and abort. Reads need no token; create and abort need a `write` token."""
+abort, and delete a finished one. Reads need no token; create, abort and delete need a `write`
+token. Request bodies are bounded (`limits` in the settings): size (413) and nesting (422)."""
 
 from __future__ import annotations
 
-import json
+import logging
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Path, Query, Request, status
 from fastapi.concurrency import run_in_threadpool
 
-from cascade.config import CascadeConfig, ConfigError, parse_cascade_config, parse_cascade_yaml
-from cascade.store import control, repo
+from cascade.config import CascadeConfig, ConfigError, parse_cascade_json, parse_cascade_yaml
+from cascade.store import control, removal, repo
+from cascade.store.lifecycle import get_row
+from cascade.store.models import Cascade
 from services.api import queries, schemas
-from services.api.deps import EngineDep, WriterDep, unit_of_work
+from services.api.deps import EngineDep, LimitsDep, WriterDep, unit_of_work
+from services.api.settings import ApiLimits
 
 router = APIRouter(prefix="/api/cascades", tags=["cascades"])
+log = logging.getLogger("cascade.api")
 
-MAX_BODY_BYTES = 1_000_000
 YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml")
 NAME_LIMITS = {"name": 200, "stage": 200}
 """Column widths of `cascades.name` and `stages.name`."""
@@ -30,36 +34,59 @@ _404: dict[int | str, dict[str, Any]] = {
 }
 
 
-def _check_storable(cfg: CascadeConfig) -> None:
+def _check_storable(cfg: CascadeConfig, limits: ApiLimits) -> None:
     if len(cfg.name) > NAME_LIMITS["name"]:
         raise ConfigError(f"body: name: at most {NAME_LIMITS['name']} characters")
+    cap = limits.max_stages_per_cascade
+    if len(cfg.stages) > cap:
+        raise ConfigError(
+            f"body: stages: at most {cap} stages per cascade (the API's limits.max_stages_per_cascade), "
+            f"got {len(cfg.stages)}"
+        )
     for i, stage in enumerate(cfg.stages):
         label = stage.label
         if len(label) > NAME_LIMITS["stage"] or not label.isprintable():
             raise ConfigError(f"body: stages.{i}.name: at most {NAME_LIMITS['stage']} printable characters")
 
 
-def _parse_body(raw: bytes, content_type: str) -> CascadeConfig:
+def _parse_body(raw: bytes, content_type: str, limits: ApiLimits) -> CascadeConfig:
     kind = content_type.split(";")[0].strip().lower() or "application/json"
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise ConfigError(f"body: not UTF-8 text (byte {err.start})") from None
-    if kind in YAML_TYPES:
-        cfg = parse_cascade_yaml(text, "body")
-    elif kind == "application/json":
-        try:
-            data: Any = json.loads(text)
-        except ValueError as err:
-            raise ConfigError(f"body: invalid JSON: {err}") from None
-        cfg = parse_cascade_config(data, "body")
-    else:
+    if kind not in YAML_TYPES and kind != "application/json":
         raise HTTPException(
             status.HTTP_415_UNSUPPORTED_MEDIA_TYPE,
             f"send the config as application/json or application/yaml, not {kind!r}",
         )
-    _check_storable(cfg)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"body: not UTF-8 text (byte {err.start})") from None
+    depth = limits.max_config_depth
+    if kind in YAML_TYPES:
+        cfg = parse_cascade_yaml(text, "body", max_depth=depth)
+    else:
+        cfg = parse_cascade_json(text, "body", max_depth=depth)
+    _check_storable(cfg, limits)
     return cfg
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The body, or 413 as soon as it is known to exceed `limit` bytes (by its Content-Length,
+    else while it streams in): a large body is never read to its end."""
+    too_large = HTTPException(
+        status.HTTP_413_CONTENT_TOO_LARGE,
+        f"request body larger than {limit} bytes (the API's limits.max_body_bytes)",
+    )
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 _CREATE_BODY = {
@@ -82,17 +109,22 @@ _CREATE_BODY = {
     responses={
         401: {"model": schemas.ErrorOut},
         403: {"model": schemas.ErrorOut},
-        413: {"model": schemas.ErrorOut},
+        413: {"model": schemas.ErrorOut, "description": "body larger than limits.max_body_bytes"},
         415: {"model": schemas.ErrorOut},
-        422: {"model": schemas.ConfigErrorOut, "description": "invalid config; names the field"},
+        422: {
+            "model": schemas.ConfigErrorOut,
+            "description": "invalid config; names the field, or the bound it passed (nesting, stages)",
+        },
     },
 )
-async def create_cascade(request: Request, engine: EngineDep, who: WriterDep) -> schemas.CascadeOut:
+async def create_cascade(
+    request: Request, engine: EngineDep, who: WriterDep, limits: LimitsDep
+) -> schemas.CascadeOut:
     """Create a cascade and its pending stages (nothing runs until a stage is started)."""
-    raw = await request.body()
-    if len(raw) > MAX_BODY_BYTES:
-        raise HTTPException(status.HTTP_413_CONTENT_TOO_LARGE, f"config larger than {MAX_BODY_BYTES} bytes")
-    cfg = _parse_body(raw, request.headers.get("content-type", ""))  # ConfigError -> 422 (app.py)
+    raw = await _read_body(request, limits.max_body_bytes)
+    content_type = request.headers.get("content-type", "")
+    # ConfigError -> 422 naming the field or the bound (app.py); parsed off the event loop
+    cfg = await run_in_threadpool(_parse_body, raw, content_type, limits)
 
     def create() -> schemas.CascadeOut:
         with unit_of_work(engine) as s:
@@ -122,6 +154,37 @@ def list_cascades(
 def get_cascade(cascade_id: Id, engine: EngineDep) -> schemas.CascadeOut:
     with unit_of_work(engine) as s:
         return queries.cascade_detail(s, cascade_id)
+
+
+@router.delete(
+    "/{cascade_id}",
+    response_model=schemas.DeletedOut,
+    responses={
+        **_404,
+        401: {"model": schemas.ErrorOut},
+        403: {"model": schemas.ErrorOut},
+        409: {
+            "model": schemas.ConflictOut,
+            "description": "the cascade is pending or running, a run of it is running, or a runner holds it",
+        },
+    },
+)
+def delete_cascade(cascade_id: Id, engine: EngineDep, who: WriterDep) -> schemas.DeletedOut:
+    """Delete a completed, failed or aborted cascade with its stages, runs, metrics, evals,
+    checkpoint rows and events, in one transaction (checkpoint files on disk stay)."""
+    with unit_of_work(engine) as s:
+        counts = removal.delete_cascade(s, cascade_id=cascade_id)
+    log.info("cascade %d deleted by %s: %s", cascade_id, who.actor, counts)
+    return schemas.DeletedOut(cascade_id=cascade_id, deleted=counts)
+
+
+@router.get("/{cascade_id}/config", response_model=schemas.ConfigOut, responses=_404)
+def get_config(cascade_id: Id, engine: EngineDep) -> schemas.ConfigOut:
+    """The cascade's whole validated config as stored, and the hash of its training settings."""
+    with unit_of_work(engine) as s:
+        cascade = get_row(s, Cascade, cascade_id)
+        config = cascade.config if isinstance(cascade.config, dict) else {}
+        return schemas.ConfigOut(cascade_id=cascade.id, config=config, config_hash=cascade.config_hash)
 
 
 @router.get("/{cascade_id}/stages", response_model=list[schemas.StageOut], responses=_404)

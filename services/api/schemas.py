@@ -170,3 +170,17 @@ class HealthOut(BaseModel):
     status: str
     database: str
     schema_revision: str | None
+
+
+class ConfigOut(BaseModel):
+    cascade_id: int
+    config: dict[str, Any]
+    """The whole validated config as stored (`CascadeConfig.model_dump(mode="json")`)."""
+    config_hash: str | None
+    """sha256 of its training settings (what a joining runner's config must match)."""
+
+
+class DeletedOut(BaseModel):
+    cascade_id: int
+    deleted: dict[str, int]
+    """Rows deleted per table (cascades, stages, runs, steps, evals, checkpoints, events, leases)."""

@@ -7,7 +7,8 @@ error never shows one; a token may be written inline or, better, named by enviro
 database_url: postgresql://cascade@db:5432/cascade
 tokens:
   - {name: alice, role: write, token_env: CASCADE_TOKEN_ALICE}
-  - {name: dashboard, role: read, token_env: CASCADE_TOKEN_DASHBOARD}
+  - {name: dashboard, role: read, token_env: CASCADE_TOKEN_DASHBOARD, optional: true}
+limits: {max_body_bytes: 1000000, max_config_depth: 64, max_stages_per_cascade: 64}
 ```
 """
 
@@ -39,12 +40,21 @@ class TokenConfig(BaseModel):
     token: SecretStr | None = None
     token_env: str | None = None
     """Name of the environment variable holding the token (preferred over `token`)."""
+    optional: bool = False
+    """With `token_env`: when the variable is unset or empty, start without this token (the
+    start-up log says so) instead of refusing to start. A token that is set is still checked."""
 
     @model_validator(mode="after")
     def _one_source(self) -> TokenConfig:
         if (self.token is None) == (self.token_env is None):
             raise ValueError("give exactly one of token, token_env")
+        if self.optional and self.token_env is None:
+            raise ValueError("optional applies to token_env only (an inline token is always there)")
         return self
+
+    def absent(self) -> bool:
+        """An optional token whose environment variable is unset or empty."""
+        return self.optional and self.token_env is not None and not os.environ.get(self.token_env)
 
     def secret(self) -> str:
         if self.token is not None:
@@ -53,10 +63,28 @@ class TokenConfig(BaseModel):
             assert self.token_env is not None
             value = os.environ.get(self.token_env, "")
             if not value:
-                raise SettingsError(f"tokens.{self.name}: environment variable {self.token_env} is not set")
+                raise SettingsError(
+                    f"tokens.{self.name}: environment variable {self.token_env} is not set "
+                    "(set it, or mark the token `optional: true`)"
+                )
         if len(value) < MIN_TOKEN_CHARS:
             raise SettingsError(f"tokens.{self.name}: a token needs at least {MIN_TOKEN_CHARS} characters")
         return value
+
+
+class ApiLimits(BaseModel):
+    """Bounds on what a request may ask of the server; past one, a 4xx that names it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_body_bytes: int = Field(1_000_000, ge=1024, le=100_000_000)
+    """Largest request body (a cascade config, JSON or YAML) read; larger ones get 413 without
+    being read to the end."""
+    max_config_depth: int = Field(64, ge=8, le=200)
+    """Deepest nesting of mappings and lists in a config (a real one nests about 5 deep); deeper
+    ones get 422 before they are parsed further."""
+    max_stages_per_cascade: int = Field(64, ge=1, le=10_000)
+    """Most stages one cascade may have (422 past it)."""
 
 
 class ApiSettings(BaseModel):
@@ -67,6 +95,7 @@ class ApiSettings(BaseModel):
     tokens: list[TokenConfig] = []
     db_wait_s: float = Field(30.0, ge=0)
     """How long start-up waits for the database before giving up."""
+    limits: ApiLimits = ApiLimits()
 
 
 @dataclass(frozen=True)
@@ -82,19 +111,23 @@ class Principal:
 class TokenTable:
     """Bearer token -> principal, compared in constant time against every configured token."""
 
-    def __init__(self, entries: list[tuple[bytes, Principal]]) -> None:
+    def __init__(self, entries: list[tuple[bytes, Principal]], skipped: tuple[str, ...] = ()) -> None:
         self._entries = entries
+        self.skipped = skipped
+        """Optional tokens left out because their environment variable is unset (by name)."""
 
     @classmethod
     def from_settings(cls, settings: ApiSettings) -> TokenTable:
         names = [t.name for t in settings.tokens]
         if len(set(names)) != len(names):
             raise SettingsError(f"tokens: names must be unique, got {names}")
-        entries = [(t.secret().encode(), Principal(t.name, t.role)) for t in settings.tokens]
+        present = [t for t in settings.tokens if not t.absent()]
+        skipped = tuple(f"{t.name} (${t.token_env} unset)" for t in settings.tokens if t.absent())
+        entries = [(t.secret().encode(), Principal(t.name, t.role)) for t in present]
         secrets = [e[0] for e in entries]
         if len(set(secrets)) != len(secrets):
             raise SettingsError("tokens: two entries share one token")
-        return cls(entries)
+        return cls(entries, skipped)
 
     def lookup(self, presented: str) -> Principal | None:
         given = presented.encode()
@@ -106,7 +139,8 @@ class TokenTable:
 
     def describe(self) -> str:
         """For the start-up log: names and roles, never the tokens."""
-        return ", ".join(f"{p.name} ({p.role})" for _, p in self._entries) or "none (read-only API)"
+        held = ", ".join(f"{p.name} ({p.role})" for _, p in self._entries) or "none (read-only API)"
+        return held + (f"; optional, not set: {', '.join(self.skipped)}" if self.skipped else "")
 
 
 def load_settings(path: str | Path | None) -> ApiSettings:
