@@ -331,6 +331,24 @@ def test_shared_checkpoint_volume(which: str) -> None:
         assert mounts["/models"]["readOnly"] is True, component
 
 
+@pytest.mark.parametrize("which", WHICH)
+def test_weights_go_to_every_rollout_replica(which: str) -> None:
+    """`rollout.replicaCount` pods behind a headless Service (its DNS name lists every ready pod):
+    the learner pushes weights to all it resolves, the workers spread requests over them."""
+    deployment = find(which, "Deployment", f"{RELEASE}-rollout")["spec"]
+    assert deployment["replicas"] == values(which)["rollout"]["replicaCount"]
+    headless = find(which, "Service", f"{RELEASE}-rollout-pods")["spec"]
+    assert headless["clusterIP"] == "None" and not headless["publishNotReadyAddresses"]
+    assert headless["selector"] == deployment["selector"]["matchLabels"]
+    for component in ("learner", "rollout-worker"):
+        argv = container_argv(pod_spec(which, component)["containers"][0])
+        assert "--rollout" not in argv, component
+        dns = argv[argv.index("--rollout-dns") + 1]
+        assert dns == f"{RELEASE}-rollout-pods:{values(which)['rollout']['port']}", component
+    if which == "gpu-pool":
+        assert deployment["replicas"] > 1
+
+
 def test_render_refuses_inconsistent_values() -> None:
     with helm.Chart.load(CHART) as chart, pytest.raises(helm.HelmError, match="tensorParallelSize"):
         chart.render({"rollout": {"engine": "vllm", "gpus": 1, "tensorParallelSize": 2}}, name=RELEASE)
@@ -353,6 +371,7 @@ def test_external_database_is_required_without_the_bundled_one() -> None:
     [
         ({"rollout": {"engine": "trt"}}, "/rollout/engine"),
         ({"learner": {"gpus": -1}}, "/learner/gpus"),
+        ({"rollout": {"replicaCount": 0}}, "/rollout/replicaCount"),
         ({"rewardWorker": {"sandbox": {"runAsUser": 0}}}, "/rewardWorker/sandbox/runAsUser"),
         ({"rewardWorker": {"sandbox": {"procMount": "Default"}}}, "/rewardWorker/sandbox/procMount"),
         ({"rewardFront": {"remoteDomains": "code,chemistry"}}, "/rewardFront/remoteDomains"),
