@@ -145,12 +145,12 @@ class StreamRollouts:
         for message in self._results.read(count=64, block_ms=block_ms):
             chunk = ScoredChunk.from_json(message.data)
             wanted = self._chunks.get(chunk.batch)
-            if chunk.attempt != self._attempt or wanted is None:
-                self.log(f"  dropped a chunk not asked for: attempt {chunk.attempt} batch {chunk.batch}")
+            if chunk.attempt != self._attempt:  # made for a learner process that is gone
+                self.log(f"  dropped a chunk of another attempt ({chunk.attempt}): batch {chunk.batch}")
             else:
                 fresh = self._seen.take([sid for group in chunk.sample_ids for sid in group])
-                if not all(fresh) or chunk.index in wanted:
-                    self._duplicates += 1
+                if not all(fresh) or wanted is None or chunk.index in wanted:
+                    self._duplicates += 1  # re-delivered (a worker died after publishing) or taken back
                     self.log(f"  dropped a re-delivered chunk: batch {chunk.batch} request {chunk.index}")
                 else:
                     wanted[chunk.index] = chunk
