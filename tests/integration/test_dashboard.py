@@ -3,8 +3,11 @@
 The page is loaded twice with `--dump-dom` (scripts run; virtual time lets its 2 s polling
 fire a few times) and once with `--screenshot`, kept as `test-artifacts/dashboard.png`. Checked:
 the page reached its ready state with no error shown; the stage timeline, one eval curve per
-domain, the regression table and the reward-reason bars are drawn from the run's rows; the page
-polls; and a second load shows steps the run recorded in between (live data).
+domain, the regression table and the reward-reason bars are drawn from the run's rows; the
+cascade's stored config is in its collapsible section; the page polls; a second load shows steps
+the run recorded in between (live data); and once the runner's lease expires the run shows as
+stalled with its last heartbeat. `/docs` (Swagger UI) renders its operations with every host
+but the API's unresolvable (its assets are served locally).
 """
 
 from __future__ import annotations
@@ -13,16 +16,18 @@ import re
 import shutil
 import struct
 import subprocess
+import uuid
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from api_procs import REPO, ApiServer, fresh_schema, running_api
 from api_seed import DOMAINS, seed
 
-from cascade.store import repo
+from cascade.store import leases, repo
 from cascade.store.db import make_engine, session_scope
-from cascade.store.models import Run, Stage
+from cascade.store.models import Run, RunLease, Stage, utcnow
 
 pytestmark = pytest.mark.postgres
 CHROMIUM = shutil.which("chromium")
@@ -38,8 +43,18 @@ def chromium() -> str:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ApiServer, str, int]]:
+    """The seeded run with a live runner attached (its lease held for an hour)."""
     with fresh_schema() as db_url, running_api(db_url, tmp_path_factory.mktemp("dash")) as server:
-        yield server, db_url, seed(db_url)
+        cascade_id = seed(db_url)
+        engine = make_engine(db_url)
+        try:
+            with session_scope(engine) as s:
+                run = s.query(Run).filter_by(cascade_id=cascade_id).one()
+                holder = leases.Holder(token=uuid.uuid4().hex, host="gpu-node-1", pid=4242)
+                leases.acquire(s, cascade_id=cascade_id, run_id=run.id, holder=holder, expiry_s=3600)
+        finally:
+            engine.dispose()
+        yield server, db_url, cascade_id
 
 
 def browse(chromium: str, url: str, profile: Path, *flags: str) -> str:
@@ -50,9 +65,7 @@ def browse(chromium: str, url: str, profile: Path, *flags: str) -> str:
     return done.stdout
 
 
-def test_dashboard_renders_a_run(
-    chromium: str, served: tuple[ApiServer, str, int], tmp_path: Path
-) -> None:
+def test_dashboard_renders_a_run(chromium: str, served: tuple[ApiServer, str, int], tmp_path: Path) -> None:
     api, db_url, cascade_id = served
     page = f"{api.url}/?cascade={cascade_id}"
     polls_before = api.log().count(f"GET /api/cascades/{cascade_id}/evals ")
@@ -64,7 +77,14 @@ def test_dashboard_renders_a_run(
         ("completed", "math"), ("completed", "code"), ("running", "if"),
     ]  # fmt: skip
     assert "running · 40/60 steps" in dom
-    assert '<span id="live" class="live">' in dom  # not hidden: a stage is running
+    assert '<span id="live" class="live">● live</span>' in dom  # not hidden: a stage is running
+    assert "runner gpu-node-1 pid 4242 (since " in dom and "stalled" not in dom
+    # The stored config, in its (closed) collapsible section.
+    _, stored = api.call("GET", f"/api/cascades/{cascade_id}/config")
+    section = re.search(r'<details id="config-section" data-cascade="(\d+)">(.*?)</details>', dom, re.S)
+    assert section is not None and section.group(1) == str(cascade_id)
+    assert f"training hash {stored['config_hash'][:12]}" in section.group(2)
+    assert '"path": "models/tiny"' in section.group(2) and '"max_steps": 60' in section.group(2)
     # One eval curve per domain, each a line through its evals.
     for domain in DOMAINS:
         curve = re.search(rf'<svg[^>]*class="curve" data-domain="{domain}".*?</svg>', dom)
@@ -109,3 +129,46 @@ def test_dashboard_renders_a_run(
     head = shot.read_bytes()[:24]
     assert head[:8] == b"\x89PNG\r\n\x1a\n"
     assert struct.unpack(">II", head[16:24]) == (1400, 1150)
+
+
+def test_a_stalled_run_shows_its_last_heartbeat(
+    chromium: str, served: tuple[ApiServer, str, int], tmp_path: Path
+) -> None:
+    """Runs after the live one above: the runner stops renewing; past the expiry, stalled."""
+    api, db_url, cascade_id = served
+    beat = utcnow().replace(microsecond=0) - timedelta(minutes=5)
+    engine = make_engine(db_url)
+    try:
+        with session_scope(engine) as s:
+            lease = s.get(RunLease, cascade_id)
+            assert lease is not None
+            lease.heartbeat_at, lease.expires_at = beat, beat + timedelta(seconds=30)
+    finally:
+        engine.dispose()
+    _, detail = api.call("GET", f"/api/cascades/{cascade_id}")
+    assert detail["runs"][-1]["status"] == "stalled"
+    dom = browse(chromium, f"{api.url}/?cascade={cascade_id}", tmp_path / "p", "--dump-dom")
+    assert 'data-state="ready"' in dom
+    assert f"stalled: last heartbeat {beat:%H:%M:%S} UTC" in dom
+    assert '<span id="live" class="stalled">● stalled</span>' in dom
+
+
+def test_swagger_ui_renders_offline(
+    chromium: str, served: tuple[ApiServer, str, int], tmp_path: Path
+) -> None:
+    """/docs with every host name but 127.0.0.1 unresolvable and a dead proxy for anything else:
+    Swagger UI still draws the operations (its JavaScript and CSS come from the API itself)."""
+    api, _, _ = served
+    status, html = api.call("GET", "/docs")
+    assert status == 200 and "/docs/assets/swagger-ui-bundle.js" in html
+    assert not re.findall(r"https?://", html), "the page must not load anything from another host"
+    offline = ["--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1", "--proxy-server=127.0.0.1:9",
+               "--proxy-bypass-list=127.0.0.1"]  # fmt: skip
+    dom = browse(chromium, f"{api.url}/docs", tmp_path / "docs", *offline, "--dump-dom")
+    for path in ("/api/cascades/{cascade_id}/abort", "/api/cascades/{cascade_id}/stages/{stage}/pause",
+                 "/api/stages/{stage_id}/start"):  # fmt: skip
+        assert f'data-path="{path}"' in dom, path
+    assert dom.count('class="opblock opblock-') >= 24
+    assert "Cascade control plane" in dom
+    status, page = api.call("GET", "/redoc")
+    assert status == 200 and "/docs/assets/redoc.standalone.js" in page and "fonts.googleapis" not in page

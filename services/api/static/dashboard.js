@@ -8,6 +8,7 @@ const PALETTE = ["#2f6fed", "#e4572e", "#12a150", "#f2a600", "#7a2e8e", "#17becf
 const OK_REASONS = new Set(["ok", "correct", "pass", "passed", "all_pass"]);
 let selected = null;
 let timer = null;
+let configShown = null;  // the cascade whose config the Config section holds (it never changes)
 
 function el(tag, attrs = {}, text = null) {
   const node = document.createElement(tag);
@@ -219,6 +220,51 @@ function renderEvents(events, detail) {
   }
 }
 
+// ------------------------------------------------------------------ run status, config
+
+function utcTime(iso) {
+  return iso ? new Date(iso).toISOString().slice(11, 19) + " UTC" : null;
+}
+
+function renderRun(detail) {
+  // The latest run; a `stalled` one (running in the store, its runner's lease expired) says so
+  // with its last heartbeat, and the page does not claim to be live.
+  const info = document.getElementById("run-info");
+  const live = document.getElementById("live");
+  info.replaceChildren();
+  const run = detail.runs.length ? detail.runs[detail.runs.length - 1] : null;
+  const active = detail.stages.some((s) => s.state === "running" || s.state === "paused");
+  if (!run) {
+    info.textContent = "no run yet";
+  } else {
+    const what = `${run.kind}, seed ${run.seed}, ${run.distill ? "distillation" : "no distillation"}`;
+    info.append(`run #${run.id} (${what}, `);
+    if (run.status === "stalled") {
+      const beat = utcTime(run.heartbeat_at);
+      info.append(el("span", { class: "stalled", id: "run-stalled", "data-heartbeat": run.heartbeat_at || "" },
+        beat ? `stalled: last heartbeat ${beat}` : "stalled: no runner attached"));
+    } else {
+      info.append(run.status);
+    }
+    info.append(")");
+    if (run.holder) info.append(el("span", { class: "muted", id: "run-holder" }, ` · runner ${run.holder}`));
+  }
+  const stalled = run !== null && run.status === "stalled";
+  live.hidden = !active;
+  live.className = stalled ? "stalled" : "live";
+  live.textContent = stalled ? "● stalled" : "● live";
+}
+
+async function renderConfig(cascadeId) {
+  if (configShown === cascadeId) return;
+  const out = await api(`/api/cascades/${cascadeId}/config`);
+  document.getElementById("config").textContent = JSON.stringify(out.config, null, 2);
+  document.getElementById("config-hash").textContent = out.config_hash
+    ? `training hash ${out.config_hash.slice(0, 12)}` : "";
+  document.getElementById("config-section").dataset.cascade = String(cascadeId);
+  configShown = cascadeId;
+}
+
 // ------------------------------------------------------------------ main loop
 
 async function loadCascades() {
@@ -249,12 +295,8 @@ async function refresh() {
     renderRegression(table);
     renderReasons(reasons);
     renderEvents(events, detail);
-    const run = detail.runs.length ? detail.runs[detail.runs.length - 1] : null;
-    document.getElementById("run-info").textContent = run
-      ? `run #${run.id} (${run.kind}, seed ${run.seed}, ${run.distill ? "distillation" : "no distillation"}, ${run.status})`
-      : "no run yet";
-    const live = detail.stages.some((s) => s.state === "running" || s.state === "paused");
-    document.getElementById("live").hidden = !live;
+    renderRun(detail);
+    await renderConfig(detail.id);
     document.getElementById("status").textContent =
       `${detail.name}: ${detail.status} · updated ${new Date().toLocaleTimeString()}`;
     document.getElementById("error").hidden = true;
