@@ -10,6 +10,7 @@ drives a real embedded runner instead.
 from __future__ import annotations
 
 import threading
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from api_seed import seed
 from sqlalchemy import Engine
 
 from cascade.config import ConfigError, parse_cascade_config
-from cascade.store import migrate, repo
+from cascade.store import leases, migrate, repo
 from cascade.store.db import make_engine, session_scope
 
 pytestmark = pytest.mark.postgres
@@ -82,10 +83,14 @@ def test_migrated_from_empty_and_serving(api: ApiServer, engine: Engine) -> None
     status, doc = api.call("GET", "/openapi.json")
     assert status == 200
     paths = set(doc["paths"])
-    for sub in ("", "/stages", "/metrics", "/evals", "/checkpoints", "/regression", "/reasons", "/events"):
+    subs = ("", "/stages", "/metrics", "/evals", "/checkpoints", "/regression", "/reasons", "/events")
+    subs += ("/config",)
+    for sub in subs:
         assert f"/api/cascades/{{cascade_id}}{sub}" in paths
+    assert set(doc["paths"]["/api/cascades/{cascade_id}"]) == {"get", "delete"}
     for cmd in COMMANDS:
         assert f"/api/stages/{{stage_id}}/{cmd}" in paths
+        assert f"/api/cascades/{{cascade_id}}/stages/{{stage}}/{cmd}" in paths
     assert "CascadeConfig" in doc["components"]["schemas"]
     status, page = api.call("GET", "/")
     assert status == 200 and "<title>Cascade control plane</title>" in page
@@ -308,10 +313,20 @@ def test_concurrent_starts_only_one_wins(api: ApiServer) -> None:
 
 
 def test_abort_cascade(api: ApiServer, engine: Engine) -> None:
-    body = create(api)
+    idle = create(api)  # no runner attached: the running stage aborts at once too
+    command(api, idle["stages"][0]["id"], "start")
+    status, out = api.call("POST", f"/api/cascades/{idle['id']}/abort", token=WRITE_TOKEN)
+    assert status == 200 and out["changed"] and out["cascade"]["status"] == "aborted"
+    _, got = api.call("GET", f"/api/cascades/{idle['id']}")
+    assert [(s["state"], s["desired_state"]) for s in got["stages"]] == [("aborted", None)] * 3
+
+    body = create(api)  # a live runner attached: its running stage aborts at its next step boundary
     cascade_id = body["id"]
     first = body["stages"][0]["id"]
     command(api, first, "start")
+    holder = leases.Holder(token=uuid.uuid4().hex, host="test-host", pid=1)
+    with session_scope(engine) as s:
+        leases.acquire(s, cascade_id=cascade_id, run_id=None, holder=holder, expiry_s=600)
     status, out = api.call("POST", f"/api/cascades/{cascade_id}/abort", token=WRITE_TOKEN)
     assert status == 200 and out["changed"] and out["cascade"]["status"] == "aborted"
     _, got = api.call("GET", f"/api/cascades/{cascade_id}")
@@ -322,6 +337,8 @@ def test_abort_cascade(api: ApiServer, engine: Engine) -> None:
     status, out = api.call("POST", f"/api/cascades/{cascade_id}/abort", token=WRITE_TOKEN)
     assert status == 200 and not out["changed"]
     runner_moves(engine, first, "aborted")
+    with session_scope(engine) as s:
+        leases.release(s, cascade_id=cascade_id, token=holder.token)
     _, got = api.call("GET", f"/api/cascades/{cascade_id}")
     assert [s["state"] for s in got["stages"]] == ["aborted"] * 3
     done = create(api, tiny_config(stages=("math",)))
