@@ -110,11 +110,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     flags_error = _resolve_run_flags(args, run_dir)
     if flags_error is not None:
         return _fail(flags_error)
-    if not (cfg.model.path / "config.json").exists():
-        return _fail(
-            f"{args.config or 'config'}: model.path: {cfg.model.path} is not a model directory "
-            "(build the tiny one with `cascade model init`)"
-        )
+    from cascade.config import check_paths
+
+    missing = check_paths(cfg)
+    if missing:  # what `cascade validate` says, before anything is written
+        for line in missing:
+            print(f"error: {args.config or 'config'}: {line}", file=sys.stderr)
+        return 2
 
     from rich.console import Console
 
