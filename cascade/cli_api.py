@@ -79,7 +79,12 @@ def cmd_api_show(args: argparse.Namespace) -> int:
             print(_stage_line(st))
         for run in out["runs"]:
             what = f"{run['kind']} seed {run['seed']} distill={run['distill']}"
-            print(f"  run {run['id']}: {what} {run['status']}")
+            who = ""
+            if run.get("holder"):
+                who = f", run by {run['holder']}"
+            elif run["status"] == "stalled" and run.get("heartbeat_at"):
+                who = f", no runner since its last heartbeat at {run['heartbeat_at']}"
+            print(f"  run {run['id']}: {what} {run['status']}{who}")
     return code
 
 
