@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # GPU check for a lent GPU machine: runs the HF engine on the GPU with a tiny model and prints
-# tokens/s, plus the rollout-vs-learner log-prob check on that device (bench/gpu_check.py).
+# tokens/s, plus the rollout-vs-learner log-prob check on that device (bench/gpu_check.py); then
+# the learner check (bench/gpu_learner_check.py): a few learner steps on the GPU (bfloat16
+# autocast, float32 master weights) against the CPU's on the same weights and batch, the loss's
+# forward (mean token NLL) and the GRPO loss within 2e-2 relative, the gradient norm within 5e-2.
+# The learner check needs the cascade package's light dependencies (pydantic, pyyaml) too.
 #
 #   bash bench/gpu_check.sh                   # tiny model shape (hidden 128, 4 layers)
 #   bash bench/gpu_check.sh --hidden 1024 --layers 16 --batch 256   # something a GPU notices
@@ -16,7 +20,8 @@
 #        pip download --only-binary=:all: --python-version 3.11 -d bench/.gpu-wheels \
 #            transformers==5.24.0 tokenizers==0.23.3 safetensors==0.8.0
 # The pinned torch (2.13.0 CPU here) is deliberately not installed: the machine's own CUDA
-# torch is the one to measure. Exit codes: 0 ok, 1 log-prob mismatch, 2 no usable GPU Python.
+# torch is the one to measure. Exit codes: 0 ok, 1 log-prob mismatch, 2 no usable GPU Python,
+# 3 learner loss mismatch against the CPU (4 when the learner check cannot import cascade).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -59,4 +64,14 @@ pick() {
 
 PY="$(pick)" || exit 2
 echo "gpu_check: using $PY ($("$PY" -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'))" >&2
-exec "$PY" bench/gpu_check.py "$@"
+status=0
+"$PY" bench/gpu_check.py "$@" || status=$?
+if ! "$PY" -c 'import cascade.accel, cascade.trainer' 2>/dev/null; then
+    echo "gpu_check: $PY cannot import cascade.trainer (pydantic/pyyaml missing?): learner check skipped" >&2
+    exit $(( status != 0 ? status : 4 ))
+fi
+learner=0
+"$PY" bench/gpu_learner_check.py --device cuda || learner=$?
+if (( status != 0 )); then exit "$status"; fi
+if (( learner == 1 )); then exit 3; fi
+exit "$learner"

@@ -1,6 +1,8 @@
 """Resumable checkpoints: model weights, optimizer state and RNG state as safetensors, plus
 the runner's plain state as JSON. A checkpoint directory is also a loadable Hugging Face
-checkpoint (teachers and the rollout service load it with `from_pretrained`).
+checkpoint (teachers and the rollout service load it with `from_pretrained`). Tensors are
+written from CPU copies whatever device the learner trains on, so a checkpoint made on a GPU
+resumes on the CPU and back.
 
 A checkpoint is written to a temporary directory and renamed into place, so a crash while
 writing never leaves a half checkpoint that `--resume` would pick up.
@@ -8,6 +10,7 @@ writing never leaves a half checkpoint that `--resume` would pick up.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -37,7 +40,7 @@ def _optimizer_tensors(optim: torch.optim.Optimizer) -> tuple[dict[str, torch.Te
         for key, value in pstate.items():
             name = f"{pid}.{key}"
             if torch.is_tensor(value):
-                tensors[name] = value.detach().clone().contiguous()
+                tensors[name] = value.detach().cpu().clone().contiguous()  # a CPU copy, from any device
             else:
                 scalars[name] = value
     return tensors, {"scalars": scalars, "param_groups": state["param_groups"]}
@@ -89,9 +92,20 @@ def load_checkpoint_state(
     if optimizer is not None:
         _load_optimizer(optimizer, load_file(str(path / OPTIM_FILE)), blob["optimizer"])
     rng = load_file(str(path / RNG_FILE))
-    generator.set_state(rng["generator"])
+    _set_generator_state(generator, rng["generator"])
     torch.set_rng_state(rng["torch_cpu"])
     return blob["runner"]
+
+
+def _set_generator_state(generator: torch.Generator, state: torch.Tensor) -> None:
+    """The saved sampling stream; saved on another device type (a CPU run resumed on a GPU or
+    back), whose state does not fit this generator, the generator is seeded from it instead:
+    still deterministic, but not the stream the other device would have drawn."""
+    if state.numel() == generator.get_state().numel():
+        generator.set_state(state)
+        return
+    digest = hashlib.sha256(state.numpy().tobytes()).digest()
+    generator.manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
 
 
 def read_runner_state(path: Path) -> dict[str, Any]:

@@ -106,6 +106,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         return _fail(str(err))
     if args.seed is not None:
         cfg = cfg.model_copy(update={"seed": args.seed})
+    from cascade.config import with_learner_device
+
+    cfg = with_learner_device(cfg, args.device)
     run_dir = _run_dir(args, cfg)
     flags_error = _resolve_run_flags(args, run_dir)
     if flags_error is not None:
@@ -121,6 +124,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     _quiet_hub_progress()
+    from cascade.accel import DeviceError
     from cascade.embedded import RunDirError, embedded_runner
     from cascade.model.loading import ModelLoadError
     from cascade.progress import RunProgress
@@ -146,7 +150,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             follow=args.follow,
         )
         result = runner.run()
-    except (RunDirError, ModelLoadError, CascadeMismatch, LeaseHeld, SandboxUnavailable) as err:
+    except (RunDirError, ModelLoadError, CascadeMismatch, LeaseHeld, SandboxUnavailable, DeviceError) as err:
         return _fail(str(err))
     except KeyboardInterrupt:
         progress.stop()
@@ -295,6 +299,16 @@ def cmd_up(args: argparse.Namespace) -> int:
     return code
 
 
+def device_arg(value: str) -> str:
+    """`--device`: auto, cpu, cuda or cuda:N (whether this host has it is checked at start)."""
+    from cascade.config import device_setting
+
+    try:
+        return device_setting(value)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cascade", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -313,6 +327,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", help="default: <output_dir>/<name>[-no-distill]")
     p.add_argument("--db", help="SQLAlchemy URL for stage state and metrics (default: SQLite in the run dir)")
     p.add_argument("--seed", type=int, help="override the config's seed")
+    p.add_argument(
+        "--device",
+        type=device_arg,
+        help="where the learner trains: auto, cpu, cuda, cuda:N (overrides the config's learner.device)",
+    )
     p.add_argument("--no-progress", action="store_true", help="plain log lines instead of progress bars")
     p.add_argument("--stop-after-steps", type=int, help="checkpoint and stop after N steps (resume later)")
     p.add_argument("--cascade-id", type=int, help="run a cascade created through the control plane (in --db)")

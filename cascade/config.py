@@ -321,6 +321,26 @@ class LeaseConfig(StrictModel):
         return self
 
 
+DEVICE_PATTERN = r"^(auto|cpu|cuda(:[0-9]+)?)$"
+"""`auto`, `cpu`, `cuda` or `cuda:N` (the learner's `learner.device`, and `--device`)."""
+
+
+class LearnerConfig(StrictModel):
+    """Where the learner trains and in what precision (embedded `cascade run` and the distributed
+    learner alike). Not a training setting in the config hash (`cascade.config_diff`): a run
+    may resume on another device; the numerics differ only by the precision's rounding."""
+
+    device: str = Field("auto", pattern=DEVICE_PATTERN)
+    """`auto` (the first CUDA device when torch sees one, else the CPU), `cpu`, `cuda` or
+    `cuda:N`. The policy, the KL reference, local teachers and every tensor of the loss live
+    there. A CUDA device on a host without one is an error at start, naming this field."""
+    precision: Literal["auto", "float32", "bfloat16"] = "auto"
+    """`auto`: bfloat16 autocast for the forward passes on CUDA (float32 master weights, losses
+    and reductions in float32; frozen reference and teachers held in bfloat16), plain float32
+    on the CPU (bit for bit what a CPU run always computed). `float32`: full precision
+    everywhere. `bfloat16`: the CUDA policy, refused on the CPU."""
+
+
 class RolloutConfig(StrictModel):
     seeding: Literal["stream", "per_request"] = "stream"
     """How sampling is seeded. `stream`: one generator for the whole run (embedded mode only).
@@ -344,6 +364,7 @@ class CascadeConfig(StrictModel):
     checkpoint: CheckpointConfig = CheckpointConfig()
     rollout: RolloutConfig = RolloutConfig()
     lease: LeaseConfig = LeaseConfig()
+    learner: LearnerConfig = LearnerConfig()
     output_dir: Path = Path("runs")
 
     @model_validator(mode="after")
@@ -385,6 +406,21 @@ class CascadeConfig(StrictModel):
                     seen.append(s.domain)
             return seen
         return [t for t in stage.distill.teachers if t != stage.domain]
+
+
+def with_learner_device(cfg: CascadeConfig, device: str | None) -> CascadeConfig:
+    """`cfg` with `learner.device` replaced (a `--device` flag); None leaves it as it is."""
+    if device is None:
+        return cfg
+    learner = LearnerConfig(device=device, precision=cfg.learner.precision)
+    return cfg.model_copy(update={"learner": learner})
+
+
+def device_setting(value: str) -> str:
+    """A `--device` value checked against `auto | cpu | cuda | cuda:N` (argparse `type=`)."""
+    if not re.match(DEVICE_PATTERN, value):
+        raise ValueError(f"{value!r} is not one of auto, cpu, cuda, cuda:N")
+    return value
 
 
 # --------------------------------------------------------------------------- loading

@@ -11,8 +11,12 @@ import hashlib
 import json
 from typing import Any
 
-NOT_TRAINING = ("output_dir", "checkpoint", "lease")
-"""Top-level sections that change where or how safely a run is kept, not what it learns."""
+NOT_TRAINING = ("output_dir", "checkpoint", "lease", "learner")
+"""Top-level sections that change where or how safely a run is kept, not what it learns.
+
+`learner` (device and precision) is here on purpose: a cascade made on a laptop may be trained
+on a GPU node, and a run may resume on another device. It changes the numerics only by rounding
+(bfloat16 autocast on CUDA, see `cascade.accel`), not the algorithm or its settings."""
 
 
 def training_settings(config: dict[str, Any]) -> dict[str, Any]:

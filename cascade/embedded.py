@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from cascade.accel import resolve_learner
 from cascade.config import CascadeConfig
 from cascade.domains import make_domain
 from cascade.domains.base import Domain
@@ -22,9 +23,10 @@ __all__ = ["RunDirError", "RunResult", "embedded_runner", "embedded_sources"]
 
 def embedded_sources(config: CascadeConfig) -> tuple[RunSources, dict[str, Domain]]:
     domains: dict[str, Domain] = {d.name: make_domain(d) for d in config.domains}
+    accel = resolve_learner(config.learner, config.model.dtype)  # teachers live with the policy
     sources = RunSources(
         rollouts=LocalRollouts(domains),
-        teachers=LocalTeachers(config.model.dtype),
+        teachers=LocalTeachers(accel.frozen_dtype, accel.device),
         weights=InPlaceWeights(),
     )
     return sources, domains

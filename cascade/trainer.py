@@ -116,12 +116,14 @@ def rl_term(
     idx = torch.nonzero(keep).flatten().tolist()
     if not idx:
         return LossTerm(None, metrics)
+    device = model.device  # every tensor of the loss lives where the model does
     sb = build_batch([batch.prompt_ids[i] for i in idx], [batch.completion_ids[i] for i in idx], pad_id)
+    sb = sb.to(device)
     logp = completion_logprobs(model, sb, batch.temperature)
     width = sb.completion_ids.shape[1]
     old = None
     if batch.policy_version != current_version:
-        old = _padded_logprobs([batch.logprobs[i] for i in idx], width)
+        old = _padded_logprobs([batch.logprobs[i] for i in idx], width).to(device)
     ref = None
     if cfg.kl_coef > 0 and ref_model is not None:
         with torch.no_grad():
@@ -129,9 +131,9 @@ def rl_term(
     out = grpo_loss(
         GrpoLossInput(
             logprobs=logp,
-            advantages=adv[idx],
+            advantages=adv[idx].to(device),
             mask=sb.completion_mask,
-            group_ids=torch.tensor([i // g for i in idx]),
+            group_ids=torch.tensor([i // g for i in idx]).to(device),
             old_logprobs=old,
             ref_logprobs=ref,
             aggregation=cfg.loss_aggregation,
@@ -172,10 +174,25 @@ class TeacherTokens:
     topk_logprobs: torch.Tensor | None = None
     logprobs_t1: torch.Tensor | None = None
 
+    def to(self, device: torch.device | str) -> TeacherTokens:
+        """The tokens on `device` (the same tensors when they are there already)."""
+
+        def move(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(device)
+
+        return TeacherTokens(
+            logprobs=move(self.logprobs),
+            logits=move(self.logits),
+            topk_ids=move(self.topk_ids),
+            topk_logprobs=move(self.topk_logprobs),
+            logprobs_t1=move(self.logprobs_t1),
+        )
+
 
 @torch.no_grad()
 def local_teacher_tokens(teacher: PreTrainedModel, sb: SequenceBatch, cfg: DistillConfig) -> TeacherTokens:
-    """The teacher's tokens computed in this process (embedded mode)."""
+    """The teacher's tokens computed in this process (embedded mode), on the teacher's device."""
+    sb = sb.to(teacher.device)
     if cfg.loss == "sampled":
         return TeacherTokens(logprobs=completion_logprobs(teacher, sb, cfg.temperature))
     logits = completion_logits(teacher, sb, 1.0)
@@ -244,14 +261,17 @@ def distill_loss_term(
     samples: DistillSamples,
     cfg: DistillConfig,
 ) -> LossTerm:
-    """The distillation loss of the student (`model`) against a teacher's tokens."""
+    """The distillation loss of the student (`model`) against a teacher's tokens, computed on the
+    student's device (the batch and the teacher's tokens are moved there)."""
+    device = model.device
+    sb, teacher = sb.to(device), teacher.to(device)
     t = cfg.temperature
     if cfg.loss == "sampled":
         assert teacher.logprobs is not None
         student = completion_logprobs(model, sb, t)
         rollout = None
         if abs(samples.temperature - t) < 1e-9:
-            rollout = _padded_logprobs(samples.rollout_logprobs, sb.completion_ids.shape[1])
+            rollout = _padded_logprobs(samples.rollout_logprobs, sb.completion_ids.shape[1]).to(device)
         out = sampled_distill_loss(
             SampledDistillInput(
                 student_logprobs=student,

@@ -22,6 +22,17 @@ class SequenceBatch:
     completion_mask: torch.Tensor  # [B, C] float, 1 on real completion tokens
     prompt_len: int  # P
 
+    def to(self, device: torch.device | str) -> SequenceBatch:
+        """The batch on `device` (the same tensors when they are there already)."""
+        return SequenceBatch(
+            input_ids=self.input_ids.to(device),
+            attention_mask=self.attention_mask.to(device),
+            position_ids=self.position_ids.to(device),
+            completion_ids=self.completion_ids.to(device),
+            completion_mask=self.completion_mask.to(device),
+            prompt_len=self.prompt_len,
+        )
+
 
 def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     width = max(len(s) for s in seqs)

@@ -9,7 +9,9 @@ from cascade.engine.batch import SequenceBatch
 
 
 def completion_logits(model: PreTrainedModel, batch: SequenceBatch, temperature: float = 1.0) -> torch.Tensor:
-    """Logits predicting each completion token: [B, C, V], divided by `temperature`."""
+    """Logits predicting each completion token: [B, C, V] float32 (whatever the model's dtype or
+    autocast), divided by `temperature`; on the model's device."""
+    batch = batch.to(model.device)
     out = model(
         input_ids=batch.input_ids,
         attention_mask=batch.attention_mask,
@@ -31,5 +33,6 @@ def completion_logprobs(
     model: PreTrainedModel, batch: SequenceBatch, temperature: float = 1.0
 ) -> torch.Tensor:
     """[B, C] log-probs of the completion tokens at `temperature`; padding positions are 0."""
+    batch = batch.to(model.device)
     logp = gather_logprobs(completion_logits(model, batch, temperature), batch.completion_ids)
     return logp * batch.completion_mask

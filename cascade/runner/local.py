@@ -83,8 +83,8 @@ class LocalRollouts:
 
 
 class LocalTeachers:
-    def __init__(self, dtype: str) -> None:
-        self.frozen = FrozenModelCache(dtype)
+    def __init__(self, dtype: str, device: torch.device | str = "cpu") -> None:
+        self.frozen = FrozenModelCache(dtype, device)
         self.paths: dict[str, Path] = {}
 
     def register(self, domain: str, path: Path) -> None:

@@ -29,6 +29,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, OperationalError
 from transformers import PreTrainedModel
 
+from cascade.accel import resolve_learner
 from cascade.algo import PromptPassRateFilter, schedule_value, token_budget, warmup_lr_factor
 from cascade.checkpoint import (
     latest_checkpoint,
@@ -100,6 +101,8 @@ class CascadeRunner:
         called with (global step, metrics) after each step. `domains`: the verifiers for eval
         (built from the config when not given)."""
         self.cfg = config
+        self.accel = resolve_learner(config.learner, config.model.dtype)
+        """The device and precision policy (a device this host lacks fails here, before any write)."""
         self.sources = sources
         self.cascade_id = cascade_id
         self.follow = follow
@@ -133,12 +136,12 @@ class CascadeRunner:
             self.train_problems[d.name] = load_problems(d, "train")
             self.eval_problems[d.name] = load_problems(d, "eval")
         self._by_id = {n: {p.id: p for p in probs} for n, probs in self.train_problems.items()}
-        self.generator = torch.Generator().manual_seed(config.seed)
+        self.generator = self.accel.generator(config.seed)
         torch.manual_seed(config.seed)
         self.rng = random.Random(config.seed)
         self.filters = {n: PromptPassRateFilter(self._filter_cfg(n)) for n in self.domains}
         self.registry = TeacherRegistry()
-        self.frozen = FrozenModelCache(config.model.dtype)
+        self.frozen = FrozenModelCache(self.accel.frozen_dtype, self.accel.device)
         self._pending_teacher_deletes: list[Path] = []
         self._inflight: deque[Ticket] = deque()
         self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="distill")
@@ -175,7 +178,7 @@ class CascadeRunner:
             if isinstance(verifier, NeedsPreparing):
                 verifier.prepare()
         if self.resume_from is not None:
-            self.policy = load_policy(self.resume_from, self.cfg.model.dtype)
+            self.policy = load_policy(self.resume_from, self.cfg.model.dtype, device=str(self.accel.device))
             saved = read_runner_state(self.resume_from)
             self.state = RunState(**saved)
             if self.state.py_rng is not None:
@@ -193,7 +196,9 @@ class CascadeRunner:
                 f"step {self.state.stage_step} (global step {self.state.global_step})"
             )
         else:
-            self.policy = load_policy(self.cfg.model.path, self.cfg.model.dtype)
+            self.policy = load_policy(
+                self.cfg.model.path, self.cfg.model.dtype, device=str(self.accel.device)
+            )
             self.state.store_ids = self.store.begin(
                 self.cfg,
                 run_dir=self.run_dir,
@@ -204,6 +209,8 @@ class CascadeRunner:
             )
         if self.state.finished:  # nothing to train: only the report is written again
             return
+        if self.accel.device.type != "cpu":
+            self.log(self.accel.describe())
         self.lease = LeaseKeeper(
             self.store,
             self.holder.token,
@@ -368,17 +375,20 @@ class CascadeRunner:
         budget = token_budget(g.budget, step)
         batch, distill_future = self._next_batch(stage, budget)
         t_gen = time.perf_counter()
-        rl = rl_term(
-            self.policy.model,
-            batch,
-            g,
-            pad_id=self.policy.pad_token_id,
-            current_version=self.state.policy_version,
-            drop_zero_variance=stage.filter.drop_zero_variance,
-            ref_model=self._reference(stage),
-        )
+        ref_model = self._reference(stage)
+        with self.accel.autocast():  # the loss's forward passes only (a no-op in float32)
+            rl = rl_term(
+                self.policy.model,
+                batch,
+                g,
+                pad_id=self.policy.pad_token_id,
+                current_version=self.state.policy_version,
+                drop_zero_variance=stage.filter.drop_zero_variance,
+                ref_model=ref_model,
+            )
         fetched = self._wait(distill_future) if distill_future is not None else []
-        terms, distill_metrics = distill_terms(self.policy.model, fetched, stage)
+        with self.accel.autocast():
+            terms, distill_metrics = distill_terms(self.policy.model, fetched, stage)
         lam = schedule_value(stage.distill.lam, step) if terms else 0.0
         t_loss = time.perf_counter()
         update = apply_update(

@@ -17,6 +17,16 @@ from pathlib import Path
 from typing import Any
 
 
+def device_arg(value: str) -> str:
+    """`--device`: auto, cpu, cuda or cuda:N (whether this host has it is checked at start)."""
+    from cascade.config import device_setting
+
+    try:
+        return device_setting(value)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="cascade-learner", description=__doc__.splitlines()[0])
     p.add_argument("config", type=Path, help="cascade YAML file")
@@ -51,6 +61,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--follow", action="store_true", help="when paused by an operator, wait for resume or abort (stay up)"
     )
+    p.add_argument(
+        "--device",
+        type=device_arg,
+        help="where the learner trains: auto, cpu, cuda, cuda:N (overrides the config's learner.device)",
+    )
     p.add_argument("--torch-threads", type=int, default=1, help="torch threads (default: %(default)s)")
     p.add_argument("--host", default="0.0.0.0", help="address of the metrics port (default: %(default)s)")
     p.add_argument(
@@ -79,10 +94,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from cascade.config import ConfigError, load_cascade_config
+    from cascade.config import ConfigError, load_cascade_config, with_learner_device
 
     try:
-        cfg = load_cascade_config(args.config)
+        cfg = with_learner_device(load_cascade_config(args.config), args.device)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -145,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
             teacher=args.teacher,
             on_step=metrics.observe,
         )
-    except (RunDirError, CascadeMismatch, ValueError) as err:
+    except (RunDirError, CascadeMismatch, ValueError) as err:  # ValueError: also a DeviceError
         http.shutdown()
         print(f"error: {err}", file=sys.stderr)
         return 2
