@@ -115,9 +115,14 @@ class _VerifyTimeout(BaseException):
 
 @contextlib.contextmanager
 def _deadline(seconds: float) -> Iterator[None]:
-    """Raise `_VerifyTimeout` after `seconds` of wall-clock time (main thread only)."""
+    """Raise `_VerifyTimeout` after `seconds` of wall-clock time (main thread only).
+
+    The alarm re-arms itself every 10 ms until the block is left: a raise that lands inside a
+    garbage-collector or weakref callback is swallowed by the interpreter ("exception ignored"),
+    and a single alarm would then let the check run on past its deadline."""
 
     def on_alarm(signum: int, frame: object) -> None:
+        signal.setitimer(signal.ITIMER_REAL, 0.01)
         raise _VerifyTimeout()
 
     previous = signal.signal(signal.SIGALRM, on_alarm)

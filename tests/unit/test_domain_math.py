@@ -295,3 +295,25 @@ def test_repeating_decimals_are_fractions() -> None:
     assert math_domain.normalise_notation("0.1\\overline{6}") == "\\frac{15}{90}"
     assert math_domain.normalise_notation("-2.\\overline{142857}") == "-\\frac{2142855}{999999}"
     assert math_domain.normalise_notation("\\text{\\$}42") == "\\$42"
+
+
+def test_the_deadline_fires_again_when_its_first_raise_is_swallowed() -> None:
+    """A timeout raised inside a gc/weakref callback is swallowed by the interpreter; the alarm
+    re-arms itself until the check is really stopped, and nothing is left armed afterwards."""
+    import signal
+    import time
+
+    from cascade.domains.math import _deadline, _VerifyTimeout
+
+    swallowed = 0
+    with pytest.raises(_VerifyTimeout):
+        with _deadline(0.05):
+            while True:
+                try:
+                    time.sleep(0.001)
+                except _VerifyTimeout:
+                    swallowed += 1  # as the interpreter does with a raise in a gc callback
+                    if swallowed == 2:
+                        raise
+    assert swallowed == 2
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
