@@ -30,6 +30,7 @@ from cascade.store.lifecycle import (
     finish_run,
     get_row,
     list_stages,
+    locked_cascade,
     request_stage_state,
     set_cascade_status,
     transition_stage,
@@ -138,14 +139,7 @@ def stage_command(session: Session, *, stage_id: int, command: str, actor: str) 
 
 def abort_cascade(session: Session, *, cascade_id: int, actor: str) -> tuple[Cascade, bool]:
     """Abort every unfinished stage (see the module docstring); returns (cascade, changed)."""
-    cascade = session.scalars(
-        select(Cascade)
-        .where(Cascade.id == cascade_id)
-        .with_for_update()
-        .execution_options(populate_existing=True)
-    ).one_or_none()
-    if cascade is None:
-        raise NotFound(f"cascade {cascade_id} does not exist")
+    cascade = locked_cascade(session, cascade_id)
     if cascade.status in ("completed", "failed"):
         raise IllegalTransition(cascade.status, "aborted")
     changed = False

@@ -175,6 +175,20 @@ def _locked_stage(session: Session, stage_id: int) -> Stage:
     return row
 
 
+def locked_cascade(session: Session, cascade_id: int) -> Cascade:
+    """The cascade row, locked for this transaction (as `_locked_stage`); `NotFound` if absent."""
+    stmt = (
+        select(Cascade)
+        .where(Cascade.id == cascade_id)
+        .with_for_update()
+        .execution_options(populate_existing=True)
+    )
+    row = session.scalars(stmt).one_or_none()
+    if row is None:
+        raise NotFound(f"cascade {cascade_id} does not exist")
+    return row
+
+
 def transition_stage(
     session: Session, *, stage_id: int, to_state: str, actor: str, detail: Mapping[str, Any] | None = None
 ) -> Stage:

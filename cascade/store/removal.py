@@ -16,7 +16,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from cascade.store import leases
-from cascade.store.lifecycle import IllegalTransition, NotFound
+from cascade.store.lifecycle import IllegalTransition, locked_cascade
 from cascade.store.models import Cascade, Checkpoint, Eval, Event, Run, RunLease, Stage, Step
 
 DELETABLE_STATUSES = ("completed", "failed", "aborted")
@@ -34,14 +34,7 @@ def delete_cascade(session: Session, *, cascade_id: int) -> dict[str, int]:
     """Delete the cascade and its stages, runs, steps, evals, checkpoints, events and lease;
     returns how many rows of each went. Locks the cascade row first, so a runner joining at the
     same moment waits and then finds it gone."""
-    cascade = session.scalars(
-        select(Cascade)
-        .where(Cascade.id == cascade_id)
-        .with_for_update()
-        .execution_options(populate_existing=True)
-    ).one_or_none()
-    if cascade is None:
-        raise NotFound(f"cascade {cascade_id} does not exist")
+    cascade = locked_cascade(session, cascade_id)
     if cascade.status not in DELETABLE_STATUSES:
         raise DeleteRefused(
             cascade.status,
