@@ -196,3 +196,51 @@ def test_a_verifier_that_cannot_run_fails_the_run_before_anything_is_written(
     with pytest.raises(SandboxUnavailable, match="bubblewrap"):
         runner.run()
     assert not (tmp_path / "run" / "checkpoints").exists() and not (tmp_path / "run" / "run.json").exists()
+
+
+def test_a_step_past_the_verifier_failure_bound_fails_the_stage(
+    tmp_path: Path, random_tiny_model: Path
+) -> None:
+    """Every verdict of the first stage is a platform failure (`infra_error`): the step raises
+    past `grpo.max_verifier_failure_fraction`, and the loop fails the stage, the run and the
+    cascade with the reason in the event log instead of training on noise."""
+    from sqlalchemy import select
+
+    from cascade.domains import make_domain
+    from cascade.domains.base import INFRA_ERROR, RewardVerdict
+    from cascade.embedded import embedded_sources
+    from cascade.store import repo
+    from cascade.store.db import make_engine, session_scope
+    from cascade.store.models import Cascade, Run
+
+    cfg = load_cascade_config(_config(tmp_path, random_tiny_model))
+
+    class BrokenVerifier:
+        name = "if"
+
+        def __init__(self) -> None:
+            self.inner = make_domain(cfg.domains[0])
+
+        def make_problems(self, split: str, n: int, seed: int) -> list:
+            return self.inner.make_problems(split, n, seed)
+
+        def score_batch(self, problems: list, completions: list) -> list:
+            return [RewardVerdict(0.0, INFRA_ERROR, "judge unreachable") for _ in problems]
+
+    sources, domains = embedded_sources(cfg)
+    broken = BrokenVerifier()
+    domains["if"] = broken
+    sources.rollouts.domains["if"] = broken  # type: ignore[attr-defined]
+    result = CascadeRunner(cfg, sources, run_dir=tmp_path / "run", domains=domains, log=lambda _: None).run()
+    assert result.stopped_by == "failed"
+    engine = make_engine(f"sqlite:///{tmp_path / 'run' / 'cascade.db'}")
+    with session_scope(engine) as s:
+        (cascade,) = s.scalars(select(Cascade)).all()
+        (run,) = s.scalars(select(Run)).all()
+        stages = repo.list_stages(s, cascade_id=cascade.id)
+        assert (cascade.status, run.status) == ("failed", "failed")
+        assert [st.state for st in stages] == ["failed", "pending"] and stages[0].steps_done == 0
+        events = repo.list_events(s, cascade_id=cascade.id)
+        failed = [e for e in events if e.to_state == "failed" and e.stage_id is not None]
+        assert "judge unreachable" in failed[0].detail["reason"]
+    engine.dispose()
