@@ -25,7 +25,7 @@ demo: install sandbox $(TINY)/config.json
 	$(VENV)/bin/cascade run examples/tiny-cascade.yaml --resume
 
 # The same cascade with and without distillation, same seed (the README's two tables).
-ablation: install $(TINY)/config.json
+ablation: install sandbox $(TINY)/config.json
 	$(VENV)/bin/cascade run examples/tiny-cascade.yaml --resume
 	$(VENV)/bin/cascade run examples/tiny-cascade.yaml --resume --no-distill
 
