@@ -406,9 +406,10 @@ def build_parser() -> argparse.ArgumentParser:
     s = ssub.add_parser("check", help="check what the bubblewrap sandbox needs from this host")
     s.add_argument("--uid", type=int, default=61000, help="sandbox uid when running as root")
     s.set_defaults(func=cmd_sandbox_check)
-    from cascade import cli_api
+    from cascade import cli_api, cli_data
 
     cli_api.add_parsers(sub)
+    cli_data.add_parsers(sub)
     return parser
 
 

@@ -15,6 +15,8 @@ from typing import Annotated, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from cascade.config_hf import HfPrompts
+
 DomainName = Literal["math", "code", "if", "swe", "rlhf"]
 """Domains with a verifier in `cascade.domains`."""
 
@@ -60,7 +62,7 @@ class JsonlPrompts(StrictModel):
     eval_path: Path
 
 
-PromptSource = Annotated[SyntheticPrompts | JsonlPrompts, Field(discriminator="kind")]
+PromptSource = Annotated[SyntheticPrompts | JsonlPrompts | HfPrompts, Field(discriminator="kind")]
 
 
 # --------------------------------------------------------------------------- rewards
@@ -270,6 +272,8 @@ class DomainConfig(StrictModel):
 
     @model_validator(mode="after")
     def _reward_matches(self) -> DomainConfig:
+        if isinstance(self.prompts, HfPrompts):
+            self.prompts.check_domain(self.name)
         if self.reward is not None and self.reward.kind != self.name:
             raise ValueError(f"reward kind {self.reward.kind!r} does not match domain {self.name!r}")
         if self.name == "rlhf" and self.reward is None:
@@ -625,6 +629,13 @@ def check_paths(cfg: CascadeConfig) -> list[str]:
                     problems.append(f"domains.{i}.prompts.{name}: {shown(path)} does not exist")
                 elif not path.is_file():
                     problems.append(f"domains.{i}.prompts.{name}: {shown(path)} is not a file")
+        if isinstance(domain.prompts, HfPrompts):
+            sources = [("path", domain.prompts.path)] if domain.prompts.path is not None else []
+            for split, files in (domain.prompts.data_files or {}).items():
+                sources += [(f"data_files.{split}.{j}", f) for j, f in enumerate(files)]
+            for name, path in sources:
+                if path is not None and not path.exists():
+                    problems.append(f"domains.{i}.prompts.{name}: {shown(path)} does not exist")
         if isinstance(domain.reward, RlhfReward):
             model_dir(f"domains.{i}.reward.model_path", domain.reward.model_path)
     if cfg.output_dir.exists() and not cfg.output_dir.is_dir():

@@ -16,6 +16,7 @@ from typing import Any
 from cascade.config import (
     CodeReward,
     DomainConfig,
+    HfPrompts,
     IfReward,
     JsonlPrompts,
     MathReward,
@@ -72,6 +73,7 @@ def load_problems(domain_config: DomainConfig, split: str) -> list[Problem]:
 
     Synthetic: `n_train` problems for "train" and "sft" (disjoint sets), `n_eval` for "eval".
     JSON lines: `train_path` for "train" and "sft" (no separate SFT file), `eval_path` for "eval".
+    Hugging Face data set (`kind: hf`): see `cascade.domains.hf_source` ("sft" is "train").
     """
     if split not in ("train", "eval", "sft"):
         raise ValueError(f"unknown split {split!r}; expected 'train', 'eval' or 'sft'")
@@ -82,6 +84,11 @@ def load_problems(domain_config: DomainConfig, split: str) -> list[Problem]:
     if isinstance(source, JsonlPrompts):
         path = source.eval_path if split == "eval" else source.train_path
         return read_jsonl(path, domain_config.name)
+    if isinstance(source, HfPrompts):
+        from cascade.domains.hf_source import load_hf
+
+        loaded = load_hf(source, domain_config.name)
+        return loaded.eval if split == "eval" else loaded.train
     raise TypeError(f"unsupported prompt source {type(source).__name__}")
 
 
