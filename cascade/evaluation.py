@@ -1,30 +1,113 @@
-"""Greedy eval of every configured domain: the rows of the regression table.
+"""Eval of every configured domain: the rows of the regression table, each with its interval.
 
 The completions come from a `GenerateFn`: the policy in this process (embedded run, SFT) or the
 rollout service holding the learner's current weights (distributed run). Same prompts, same
-batches, same greedy decoding: the same scores either way.
+batches, same decoding, same sampling seed: the same scores either way.
+
+Per stage, `eval.metrics` chooses what is reported (see `cascade.eval_stats` for the
+estimators and intervals): `greedy` (one greedy completion per prompt, the default), `avg@k`
+and `pass@k` (from `eval.samples` sampled completions per prompt). The first metric is the
+eval's `score`; with the default config that is exactly the greedy mean reward, as before.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from cascade.config import ChatConfig
+from cascade.config import ChatConfig, EvalConfig, metric_k
 from cascade.domains.base import Domain, Problem, score_for_eval
 from cascade.engine.base import SamplingSettings
+from cascade.eval_stats import mean_interval, pass_at_k
 from cascade.model.chat import encode_prompts
-from cascade.rollout import GenerateFn
+from cascade.rollout import GenerateFn, request_seed
+
+
+@dataclass(frozen=True)
+class MetricValue:
+    """One eval metric of one domain: its value, its interval and how the interval was made."""
+
+    value: float
+    low: float
+    high: float
+    n: int
+    """Prompts the value averages over (infra errors left out)."""
+    method: str
+    """"wilson" (0/1 outcome per prompt) or "bootstrap" (mean of per-prompt values)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 @dataclass
 class DomainEval:
     domain: str
-    score: float  # mean reward over the eval prompts (accuracy for 0/1 rewards)
+    score: float  # the primary metric (greedy by default: accuracy for 0/1 rewards)
     n: int
     reasons: dict[str, int]
+    metrics: dict[str, MetricValue] = field(default_factory=dict)
+    """Every configured metric (the primary one included), with its interval."""
+    primary: str = "greedy"
+
+    def metric(self, name: str | None) -> float:
+        """The value of metric `name` (None: the primary score)."""
+        if name is None or name == self.primary:
+            return self.score
+        if name not in self.metrics:
+            raise KeyError(f"eval of {self.domain!r} has no metric {name!r} (has {sorted(self.metrics)})")
+        return self.metrics[name].value
+
+
+def _generate_and_score(
+    generate_fn: GenerateFn,
+    tokenizer: PreTrainedTokenizerBase,
+    chat: ChatConfig,
+    domain: Domain,
+    problems: list[Problem],
+    *,
+    n: int,
+    sampling: SamplingSettings,
+    thinking: bool,
+    batch_size: int,
+    reasons: Counter[str],
+) -> list[list[float]]:
+    """Per prompt, the rewards of its `n` completions (infra errors left out)."""
+    out: list[list[float]] = []
+    for start in range(0, len(problems), batch_size):
+        chunk = problems[start : start + batch_size]
+        prompt_ids = encode_prompts(tokenizer, chat, [p.prompt for p in chunk], thinking)
+        settings = sampling
+        if sampling.seed is not None and start:
+            settings = SamplingSettings(
+                max_tokens=sampling.max_tokens,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                greedy=sampling.greedy,
+                seed=request_seed(sampling.seed, start),
+            )
+        gen = generate_fn(prompt_ids, n, settings).generation
+        texts = tokenizer.batch_decode(gen.completion_ids, skip_special_tokens=True)
+        repeated = [p for p in chunk for _ in range(n)]
+        verdicts = score_for_eval(domain, repeated, texts)
+        for i in range(len(chunk)):
+            rewards = []
+            for v in verdicts[i * n : (i + 1) * n]:
+                reasons[v.reason] += 1
+                if not v.is_infra_error:
+                    rewards.append(v.reward)
+            out.append(rewards)
+    return out
+
+
+def _metric(values: list[float], *, seed: int, level: float) -> MetricValue:
+    value = sum(values) / len(values) if values else 0.0
+    (low, high), method = mean_interval(values, seed=seed, level=level)
+    if not values:
+        low, high = 0.0, 1.0
+    return MetricValue(value=value, low=low, high=high, n=len(values), method=method)
 
 
 def evaluate_domain(
@@ -37,18 +120,57 @@ def evaluate_domain(
     max_new_tokens: int,
     thinking: bool = False,
     batch_size: int = 256,
+    spec: EvalConfig | None = None,
+    seed: int = 0,
 ) -> DomainEval:
-    rewards: list[float] = []
+    """Evaluate `domain` on `problems` with the metrics of `spec` (default: greedy only).
+
+    `seed` seeds the sampled completions and the bootstrap: pass the same one in every mode
+    (the runner uses `request_seed(cfg.seed, "eval", global_step, domain)`).
+    """
+    spec = spec or EvalConfig()
     reasons: Counter[str] = Counter()
-    sampling = SamplingSettings(max_tokens=max_new_tokens, greedy=True)
-    for start in range(0, len(problems), batch_size):
-        chunk = problems[start : start + batch_size]
-        prompt_ids = encode_prompts(tokenizer, chat, [p.prompt for p in chunk], thinking)
-        gen = generate_fn(prompt_ids, 1, sampling).generation
-        texts = tokenizer.batch_decode(gen.completion_ids, skip_special_tokens=True)
-        for v in score_for_eval(domain, chunk, texts):
-            reasons[v.reason] += 1
-            if not v.is_infra_error:
-                rewards.append(v.reward)
-    score = sum(rewards) / len(rewards) if rewards else 0.0
-    return DomainEval(domain=domain.name, score=score, n=len(rewards), reasons=dict(reasons))
+    per_prompt: dict[str, list[float]] = {}
+    if "greedy" in spec.metrics:
+        greedy = _generate_and_score(
+            generate_fn, tokenizer, chat, domain, problems, n=1,
+            sampling=SamplingSettings(max_tokens=max_new_tokens, greedy=True),
+            thinking=thinking, batch_size=batch_size, reasons=reasons,
+        )
+        per_prompt["greedy"] = [r[0] for r in greedy if r]
+    sampled_metrics = [m for m in spec.metrics if m != "greedy"]
+    if sampled_metrics:
+        sample_reasons: Counter[str] = Counter()
+        sampled = _generate_and_score(
+            generate_fn, tokenizer, chat, domain, problems, n=spec.samples,
+            sampling=SamplingSettings(
+                max_tokens=max_new_tokens, temperature=spec.temperature, top_p=spec.top_p,
+                seed=request_seed(seed, "sampled"),
+            ),
+            thinking=thinking, batch_size=batch_size, reasons=sample_reasons,
+        )
+        if "greedy" not in spec.metrics:
+            reasons = sample_reasons
+        for m in sampled_metrics:
+            k = metric_k(m)
+            if m.startswith("avg@"):
+                per_prompt[m] = [sum(r[:k]) / len(r[:k]) for r in sampled if r[:k]]
+            else:
+                per_prompt[m] = [
+                    pass_at_k(len(r), sum(1 for x in r if x >= spec.pass_threshold), k)
+                    for r in sampled
+                    if len(r) >= k
+                ]
+    metrics = {
+        m: _metric(per_prompt[m], seed=request_seed(seed, "bootstrap", m), level=spec.confidence)
+        for m in spec.metrics
+    }
+    primary = metrics[spec.primary]
+    return DomainEval(
+        domain=domain.name,
+        score=primary.value,
+        n=primary.n,
+        reasons=dict(reasons),
+        metrics=metrics,
+        primary=spec.primary,
+    )

@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from cascade.eval_stats import Interval
 from cascade.store.history import (
     RegressionRow,
     RegressionTable,
@@ -34,34 +35,47 @@ if TYPE_CHECKING:
 MISSING = "—"
 DEFINITIONS = (
     "start: eval before the first stage. after <stage>: the last eval in that stage. "
-    "best: the highest eval anywhere in the run. final - best: the latest eval minus best, in "
-    "percentage points (negative = forgotten)."
+    "best: the highest eval anywhere in the run. [low-high]: the 95% confidence interval "
+    "(Wilson for 0/1 outcomes, bootstrap over prompts for means). final - best: the latest eval "
+    "minus best, in percentage points (negative = forgotten); 'outside noise' when final's "
+    "interval lies wholly below best's (non-overlapping intervals), 'within noise' otherwise."
 )
 
 
-def format_score(value: float | None) -> str:
-    return MISSING if value is None else f"{100 * value:.1f}%"
+def format_score(value: float | None, interval: Interval | None = None) -> str:
+    if value is None:
+        return MISSING
+    text = f"{100 * value:.1f}%"
+    if interval is not None:
+        text += f" [{100 * interval[0]:.1f}-{100 * interval[1]:.1f}]"
+    return text
 
 
-def format_drop(value: float | None) -> str:
+def format_drop(value: float | None, outside: bool | None = None) -> str:
     if value is None:
         return MISSING
     points = 100 * value
-    return "0.0 pp" if abs(points) < 0.05 else f"{points:+.1f} pp"
+    text = "0.0 pp" if abs(points) < 0.05 else f"{points:+.1f} pp"
+    if outside is not None and points <= -0.05:
+        text += ", outside noise" if outside else ", within noise"
+    return text
 
 
 def table_cells(table: RegressionTable) -> list[list[str]]:
     """The table as display strings, one list per domain, aligned with `table.columns`."""
-    return [
-        [
-            row.domain,
-            format_score(row.start),
-            *(format_score(v) for v in row.after),
-            format_score(row.best),
-            format_drop(row.final_minus_best),
-        ]
-        for row in table.rows
-    ]
+    cells = []
+    for row in table.rows:
+        after_ci = row.after_ci or [None] * len(row.after)
+        cells.append(
+            [
+                row.domain,
+                format_score(row.start, row.start_ci),
+                *(format_score(v, ci) for v, ci in zip(row.after, after_ci, strict=True)),
+                format_score(row.best, row.best_ci),
+                format_drop(row.final_minus_best, row.drop_outside_noise),
+            ]
+        )
+    return cells
 
 
 def render_markdown(table: RegressionTable) -> str:
@@ -75,13 +89,15 @@ def render_markdown(table: RegressionTable) -> str:
 
 
 def render_regression_table(table: RegressionTable, title: str | None = "Regression table") -> Table:
-    """The same table for a terminal; drops of more than one point are shown in red."""
+    """The same table for a terminal; drops outside noise (or, without intervals, of more than
+    one point) are shown in red."""
     out = Table(title=title, caption=DEFINITIONS, caption_justify="left")
     for i, column in enumerate(table.columns):
         out.add_column(column, justify="left" if i == 0 else "right", no_wrap=True)
     for row, cells in zip(table.rows, table_cells(table), strict=True):
-        drop = row.final_minus_best
-        style = "red" if drop is not None and drop < -0.01 else "green"
+        drop, outside = row.final_minus_best, row.drop_outside_noise
+        bad = outside if outside is not None else drop is not None and drop < -0.01
+        style = "red" if bad else "green"
         out.add_row(*(Text(c) for c in cells[:-1]), Text(cells[-1], style=style))
     return out
 
@@ -98,7 +114,7 @@ def _draw_curves(ax: Axes, history: RunHistory, domains: list[str], shade: str |
         points = history.evals_of(domain)
         if not points:
             continue
-        ax.plot(
+        (line,) = ax.plot(
             [p.global_step for p in points],
             [100 * p.score for p in points],
             marker="o",
@@ -106,6 +122,17 @@ def _draw_curves(ax: Axes, history: RunHistory, domains: list[str], shade: str |
             linewidth=1.5,
             label=domain,
         )
+        shown = [(p.global_step, p.interval()) for p in points]
+        band = [(g, ci) for g, ci in shown if ci is not None]
+        if band:  # the confidence interval of every eval, as a band around the curve
+            ax.fill_between(
+                [g for g, _ in band],
+                [100 * ci[0] for _, ci in band],
+                [100 * ci[1] for _, ci in band],
+                color=line.get_color(),
+                alpha=0.15,
+                linewidth=0,
+            )
     label_at = ax.get_xaxis_transform()  # x in data units, y in axes fraction
     for stage in history.stages:
         if stage.start_global_step is None:
@@ -213,10 +240,18 @@ def load_regression_table(report_dir: str | Path) -> RegressionTable:
             best=r["best"],
             best_global_step=r["best_global_step"],
             final=r["final"],
+            start_ci=_interval(r.get("start_ci")),
+            after_ci=[_interval((r.get("after_ci") or {}).get(label)) for label in stages],
+            best_ci=_interval(r.get("best_ci")),
+            final_ci=_interval(r.get("final_ci")),
         )
         for r in data["rows"]
     ]
-    return RegressionTable(stage_labels=stages, rows=rows)
+    return RegressionTable(stage_labels=stages, rows=rows, metric=data.get("metric"))
+
+
+def _interval(value: Any) -> Interval | None:
+    return None if value is None else (float(value[0]), float(value[1]))
 
 
 def print_regression_table(report_dir: str | Path, console: Console | None = None) -> None:

@@ -278,6 +278,7 @@ class RunStore:
                 score=result.score,
                 n=result.n,
                 reasons=result.reasons,
+                metrics={name: m.to_dict() for name, m in result.metrics.items()},
             )
 
     def record_checkpoint(self, index: int, step: int, global_step: int, path: Path) -> None:

@@ -10,7 +10,14 @@ Conventions (shared with the runner):
 - the cascade's **start** is the eval at step 0 of the first stage;
 - **after <stage>** is the last eval of the domain recorded in that stage;
 - **best** is the highest eval of the domain anywhere in the run (the teacher's score);
-- **final - best** is the latest eval minus best: 0 means no forgetting, negative is the drop.
+- **final - best** is the latest eval minus best: 0 means no forgetting, negative is the drop;
+  the drop is **outside noise** when final's confidence interval lies wholly below best's
+  (non-overlapping intervals; see `cascade.eval_stats`). Best is a maximum over many
+  evals, so it is biased upwards: a small unflagged drop is expected noise.
+
+Every score carries its interval when the eval recorded one (`EvalPoint.metrics`); the table
+is of the primary metric by default, or of any recorded metric (`build_regression_table(...,
+metric="pass@4")`).
 """
 
 from __future__ import annotations
@@ -20,6 +27,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
+
+from cascade.eval_stats import Interval, outside_noise
 
 
 @dataclass(frozen=True)
@@ -31,6 +40,27 @@ class EvalPoint:
     score: float
     n: int
     reasons: dict[str, int] = field(default_factory=dict)
+    metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Metric -> {"value", "low", "high", "n", "method"}; the first is the primary (`score`)."""
+
+    def _entry(self, metric: str | None) -> dict[str, Any] | None:
+        if metric is None:
+            return next(iter(self.metrics.values()), None)
+        return self.metrics.get(metric)
+
+    def value(self, metric: str | None = None) -> float | None:
+        """The value of `metric` (None: the primary score); None when it was not recorded."""
+        if metric is None:
+            return self.score
+        entry = self._entry(metric)
+        return None if entry is None or entry.get("value") is None else float(entry["value"])
+
+    def interval(self, metric: str | None = None) -> Interval | None:
+        """The confidence interval of `metric` (None: the primary score), if recorded."""
+        entry = self._entry(metric)
+        if entry is None or entry.get("low") is None or entry.get("high") is None:
+            return None
+        return (float(entry["low"]), float(entry["high"]))
 
 
 @dataclass(frozen=True)
@@ -140,12 +170,22 @@ class RegressionRow:
     best: float | None
     best_global_step: int | None
     final: float | None
+    start_ci: Interval | None = None
+    after_ci: list[Interval | None] = field(default_factory=list)
+    """Intervals of `after`, aligned with it (empty when none was recorded)."""
+    best_ci: Interval | None = None
+    final_ci: Interval | None = None
 
     @property
     def final_minus_best(self) -> float | None:
         if self.final is None or self.best is None:
             return None
         return self.final - self.best
+
+    @property
+    def drop_outside_noise(self) -> bool | None:
+        """True: final's interval lies wholly below best's; None: an interval is missing."""
+        return outside_noise(self.final_ci, self.best_ci)
 
 
 @dataclass(frozen=True)
@@ -154,6 +194,8 @@ class RegressionTable:
 
     stage_labels: list[str]
     rows: list[RegressionRow]
+    metric: str | None = None
+    """The metric tabulated (None: each eval's primary score)."""
 
     @property
     def columns(self) -> list[str]:
@@ -168,6 +210,8 @@ class RegressionTable:
     def to_dict(self) -> dict[str, Any]:
         return {
             "units": "fraction",
+            "metric": self.metric,
+            "noise_rule": NOISE_RULE,
             "columns": self.columns,
             "stages": self.stage_labels,
             "rows": [
@@ -179,35 +223,57 @@ class RegressionTable:
                     "best_global_step": r.best_global_step,
                     "final": r.final,
                     "final_minus_best": r.final_minus_best,
+                    "start_ci": _ci(r.start_ci),
+                    "after_ci": {
+                        label: _ci(r.after_ci[i] if i < len(r.after_ci) else None)
+                        for i, label in enumerate(self.stage_labels)
+                    },
+                    "best_ci": _ci(r.best_ci),
+                    "final_ci": _ci(r.final_ci),
+                    "drop_outside_noise": r.drop_outside_noise,
                 }
                 for r in self.rows
             ],
         }
 
 
-def build_regression_table(history: RunHistory) -> RegressionTable:
-    finals = final_evals_by_stage(history.evals)
+NOISE_RULE = (
+    "final - best is outside noise when final's confidence interval lies wholly below best's "
+    "(non-overlapping intervals)"
+)
+
+
+def _ci(interval: Interval | None) -> list[float] | None:
+    return None if interval is None else [interval[0], interval[1]]
+
+
+def build_regression_table(history: RunHistory, metric: str | None = None) -> RegressionTable:
+    """The regression table of `metric` (None: each eval's primary score), with intervals."""
+    evals = [e for e in history.evals if e.value(metric) is not None]
+    finals = final_evals_by_stage(evals)
     first_stage = history.stages[0].index if history.stages else min(finals, default=0)
     rows = []
     for domain in history.domains:
-        mine = history.evals_of(domain)
-        start = next((e.score for e in mine if e.stage_index == first_stage and e.step == 0), None)
-        after: list[float | None] = []
-        for s in history.stages:
-            last = finals.get(s.index, {}).get(domain)
-            after.append(None if last is None else last.score)
-        best = max(mine, key=lambda e: e.score, default=None)
+        mine = [e for e in evals if e.domain == domain]
+        start_point = next((e for e in mine if e.stage_index == first_stage and e.step == 0), None)
+        lasts = [finals.get(s.index, {}).get(domain) for s in history.stages]
+        best = max(mine, key=lambda e: e.value(metric) or 0.0, default=None)
+        final = mine[-1] if mine else None
         rows.append(
             RegressionRow(
                 domain=domain,
-                start=start,
-                after=after,
-                best=None if best is None else best.score,
+                start=None if start_point is None else start_point.value(metric),
+                after=[None if e is None else e.value(metric) for e in lasts],
+                best=None if best is None else best.value(metric),
                 best_global_step=None if best is None else best.global_step,
-                final=mine[-1].score if mine else None,
+                final=None if final is None else final.value(metric),
+                start_ci=None if start_point is None else start_point.interval(metric),
+                after_ci=[None if e is None else e.interval(metric) for e in lasts],
+                best_ci=None if best is None else best.interval(metric),
+                final_ci=None if final is None else final.interval(metric),
             )
         )
-    return RegressionTable(stage_labels=[s.label for s in history.stages], rows=rows)
+    return RegressionTable(stage_labels=[s.label for s in history.stages], rows=rows, metric=metric)
 
 
 def json_safe(value: Any) -> Any:

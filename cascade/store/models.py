@@ -213,6 +213,9 @@ class Eval(Base):
     n: Mapped[int] = mapped_column(Integer)
     reasons: Mapped[dict[str, int]] = mapped_column(JSON, default=dict)
     """Verdict reason -> count (e.g. {"ok": 90, "wrong_answer": 30, "timeout": 8})."""
+    metrics: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    """Metric -> {"value", "low", "high", "n", "method"}: every configured eval metric (greedy,
+    avg@k, pass@k) with its confidence interval; `score` is the first one. None on old rows."""
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 

@@ -121,8 +121,12 @@ def record_eval(
     score: float,
     n: int,
     reasons: Mapping[str, int] | None = None,
+    metrics: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> Eval:
-    """Store one domain's eval. The cascade's start is the eval at step 0 of the first stage."""
+    """Store one domain's eval. The cascade's start is the eval at step 0 of the first stage.
+
+    `metrics`: metric name -> {"value", "low", "high", "n", "method"} (see `Eval.metrics`).
+    """
     _run_and_stage(session, run_id, stage_id)
     value = json_safe(score)
     if not isinstance(value, int | float):
@@ -136,6 +140,7 @@ def record_eval(
         score=float(value),
         n=n,
         reasons=json_safe(dict(reasons or {})),
+        metrics=None if metrics is None else json_safe({k: dict(v) for k, v in metrics.items()}),
     )
     session.add(row)
     session.flush()
@@ -262,7 +267,16 @@ def latest_checkpoint(session: Session, *, run_id: int, kind: str = "resume") ->
 def _eval_points(session: Session, run_id: int, index_of: Mapping[int, int]) -> list[EvalPoint]:
     rows = session.scalars(select(Eval).where(Eval.run_id == run_id).order_by(Eval.global_step, Eval.id))
     return [
-        EvalPoint(index_of[e.stage_id], e.step, e.global_step, e.domain, e.score, e.n, dict(e.reasons or {}))
+        EvalPoint(
+            index_of[e.stage_id],
+            e.step,
+            e.global_step,
+            e.domain,
+            e.score,
+            e.n,
+            dict(e.reasons or {}),
+            dict(e.metrics or {}),
+        )
         for e in rows
     ]
 

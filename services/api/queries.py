@@ -13,6 +13,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from cascade.store import leases, repo
+from cascade.store.history import EvalPoint
 from cascade.store.lifecycle import NotFound, get_row
 from cascade.store.models import ACTIVE_STAGE_STATES, Cascade, Checkpoint, Event, Run, RunLease, Stage, Step
 from services.api import schemas
@@ -156,20 +157,22 @@ def evals(session: Session, cascade_id: int, run_id: int | None) -> schemas.Eval
     if run is None:
         return schemas.EvalsOut(run_id=None, evals=[])
     points = repo.eval_history(session, run.id)
-    return schemas.EvalsOut(
-        run_id=run.id,
-        evals=[
-            schemas.EvalOut(
-                stage_index=e.stage_index,
-                step=e.step,
-                global_step=e.global_step,
-                domain=e.domain,
-                score=e.score,
-                n=e.n,
-                reasons=dict(e.reasons),
-            )
-            for e in points
-        ],
+    return schemas.EvalsOut(run_id=run.id, evals=[_eval_out(e) for e in points])
+
+
+def _eval_out(e: EvalPoint) -> schemas.EvalOut:
+    ci = e.interval()
+    return schemas.EvalOut(
+        stage_index=e.stage_index,
+        step=e.step,
+        global_step=e.global_step,
+        domain=e.domain,
+        score=e.score,
+        n=e.n,
+        reasons=dict(e.reasons),
+        low=None if ci is None else ci[0],
+        high=None if ci is None else ci[1],
+        metrics={k: schemas.MetricOut(**v) for k, v in e.metrics.items()},
     )
 
 
@@ -207,6 +210,8 @@ def regression(session: Session, cascade_id: int, run_id: int | None) -> schemas
     return schemas.RegressionOut(
         run_id=run.id,
         units=table["units"],
+        metric=table["metric"],
+        noise_rule=table["noise_rule"],
         stages=table["stages"],
         rows=[schemas.RegressionRowOut(**row) for row in table["rows"]],
     )

@@ -100,14 +100,30 @@ class MetricsOut(BaseModel):
     steps: list[StepOut]
 
 
+class MetricOut(BaseModel):
+    """One eval metric (greedy, avg@k, pass@k) with its confidence interval."""
+
+    value: float | None
+    low: float | None
+    high: float | None
+    n: int | None = None
+    method: str | None = None
+    """"wilson" (0/1 outcome per prompt) or "bootstrap" (over prompts)."""
+
+
 class EvalOut(BaseModel):
     stage_index: int
     step: int
     global_step: int
     domain: str
     score: float
+    """The primary metric (the first of the stage's `eval.metrics`)."""
     n: int
     reasons: dict[str, int]
+    low: float | None = None
+    high: float | None = None
+    """Confidence interval of `score` (None on evals recorded before intervals existed)."""
+    metrics: dict[str, MetricOut] = {}
 
 
 class EvalsOut(BaseModel):
@@ -138,11 +154,21 @@ class RegressionRowOut(BaseModel):
     best_global_step: int | None
     final: float | None
     final_minus_best: float | None
+    start_ci: list[float] | None = None
+    """[low, high] confidence interval of `start` (likewise below; None when not recorded)."""
+    after_ci: dict[str, list[float] | None] = {}
+    best_ci: list[float] | None = None
+    final_ci: list[float] | None = None
+    drop_outside_noise: bool | None = None
+    """True when final's interval lies wholly below best's (non-overlapping intervals)."""
 
 
 class RegressionOut(BaseModel):
     run_id: int | None
     units: str = "fraction"
+    metric: str | None = None
+    """The metric tabulated (None: each eval's primary score)."""
+    noise_rule: str = ""
     stages: list[str]
     rows: list[RegressionRowOut]
 

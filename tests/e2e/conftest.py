@@ -99,6 +99,8 @@ class RunRows:
     teacher_candidates: list[tuple[str, int]]  # every kind="teacher" checkpoint (domain, global step)
     resume_checkpoints: list[int]  # global steps of kind="resume" rows
     events: list[tuple[str, str | None, str | None, str]] = field(default_factory=list)
+    eval_metrics: list[dict[str, Any]] = field(default_factory=list)
+    """Each eval's metrics with their intervals, aligned with `evals`."""
 
     def step_metrics(self, stage: int) -> list[dict[str, Any]]:
         return [m for s, _, _, m in self.steps if s == stage]
@@ -137,6 +139,7 @@ def read_rows(db_url: str) -> RunRows:
                 teacher_candidates=[(c.domain or "", c.global_step) for c in ckpts if c.kind == "teacher"],
                 resume_checkpoints=[c.global_step for c in ckpts if c.kind == "resume"],
                 events=[(e.kind, e.from_state, e.to_state, e.actor) for e in events],
+                eval_metrics=[e.metrics for e in history.evals],
             )
     finally:
         engine.dispose()

@@ -89,6 +89,7 @@ def _assert_equal_to(rows: Any, ref: Any) -> None:
             a, b = dist[key], emb[key]
             assert a == b, (g, key, a, b)  # identical: same seeds, same weights, same functions
     assert [e[:5] for e in rows.evals] == [e[:5] for e in ref.evals]
+    assert rows.eval_metrics == ref.eval_metrics  # sampled eval metrics and intervals too
 
 
 def _use(stack: LocalStack, config: Path, run_dir: Path, db: str | None) -> None:
@@ -100,6 +101,8 @@ def _two_stage(data: dict[str, Any]) -> None:
     data["rollout"] = {"seeding": "per_request", "prompts_per_request": 2}
     for stage in data["stages"]:
         stage["advance"]["max_steps"] = 3
+        # sampled eval through the rollout service, seeded as in the embedded run
+        stage["eval"].update(samples=4, temperature=0.8, metrics=["greedy", "avg@4", "pass@2"])
 
 
 def _scrape_while_training(port: int | None, stack: LocalStack, timeout_s: float = 150) -> dict[str, float]:
@@ -488,3 +491,4 @@ def test_killed_learner_resumes_with_weights_and_teachers_restored(
     ref = e2e.rows(e2e.sqlite_url(embedded_dir))
     _same_steps(rows, ref)  # the distillation steps after the kill used the restored teacher
     assert [e[:5] for e in rows.evals] == [e[:5] for e in ref.evals]
+    assert rows.eval_metrics == ref.eval_metrics  # sampled eval metrics and intervals too

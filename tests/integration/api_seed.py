@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+from cascade.eval_stats import wilson_interval
 from cascade.store import repo
 from cascade.store.db import make_engine, prepare_schema, session_scope
 
@@ -76,9 +77,12 @@ def seed(db_url: str, *, running_steps: int = 40, name: str = "demo") -> int:
                         value = score(d, i, step)
                         n = 256
                         right = round(n * value)
+                        low, high = wilson_interval(right, n)
+                        greedy = {"value": value, "low": low, "high": high, "n": n, "method": "wilson"}
                         repo.record_eval(
                             s, run_id=run.id, stage_id=stage.id, step=step, global_step=g, domain=d,
                             score=value, n=n, reasons={"ok": right, REASONS[d][0]: n - right},
+                            metrics={"greedy": greedy},
                         )  # fmt: skip
                         if d == stage.domain and step > 0 and value > best.get(d, -1.0):
                             best[d] = value

@@ -365,11 +365,22 @@ def test_reads_of_a_run(api: ApiServer, db_url: str) -> None:
     assert [s["global_step"] for s in tail["steps"]] == [151, 152, 153, 154, 155]
     _, evals = api.call("GET", f"{base}/evals?run_id={run_id}")
     assert len(evals["evals"]) == 3 * (7 + 6 + 4)
+    for e in evals["evals"]:  # every score with its interval, and every metric too
+        assert e["low"] <= e["score"] <= e["high"]
+        assert e["metrics"]["greedy"]["method"] == "wilson"
+        assert (e["metrics"]["greedy"]["low"], e["metrics"]["greedy"]["high"]) == (e["low"], e["high"])
     _, table = api.call("GET", f"{base}/regression")
     assert table["stages"] == ["math", "code", "if"]
+    assert "interval" in table["noise_rule"]
     math_row = next(r for r in table["rows"] if r["domain"] == "math")
     assert math_row["start"] == pytest.approx(0.16)
     assert math_row["final_minus_best"] == pytest.approx(math_row["final"] - math_row["best"])
+    for row in table["rows"]:
+        assert row["start_ci"][0] <= row["start"] <= row["start_ci"][1]
+        assert row["best_ci"][0] <= row["best"] <= row["best_ci"][1]
+        assert row["final_ci"][0] <= row["final"] <= row["final_ci"][1]
+        assert set(row["after_ci"]) == {"math", "code", "if"}
+        assert row["drop_outside_noise"] == (row["final_ci"][1] < row["best_ci"][0])
     _, reasons = api.call("GET", f"{base}/reasons")
     assert set(reasons["training"]) == {"math", "code", "if"}
     assert sum(reasons["training"]["math"].values()) == 60 * 16

@@ -91,13 +91,17 @@ def test_dashboard_renders_a_run(chromium: str, served: tuple[ApiServer, str, in
         assert curve is not None, domain
         assert "<polyline" in curve.group(0)
         assert curve.group(0).count("<circle") == 7 + 6 + 4  # start + 6 per finished stage + 4
+        assert 'class="ci-band"' in curve.group(0)  # the evals' confidence band
     # The regression table, from the same numbers as the API's.
     _, table = api.call("GET", f"/api/cascades/{cascade_id}/regression")
     for row in table["rows"]:
         cells = re.search(rf'<tr data-domain="{row["domain"]}">(.*?)</tr>', dom)
         assert cells is not None
-        assert f"<td>{100 * row['start']:.1f}%</td>" in cells.group(1)
-        assert f"{100 * row['final_minus_best']:.1f} pp" in cells.group(1)
+        low, high = row["start_ci"]  # every score with its interval, the drop with its noise flag
+        assert f"<td>{100 * row['start']:.1f}% [{100 * low:.1f}–{100 * high:.1f}]</td>" in cells.group(1)
+        noise = "outside noise" if row["drop_outside_noise"] else "within noise"
+        drop = f"{100 * row['final_minus_best']:.1f} pp"
+        assert (drop + (f", {noise}" if row["final_minus_best"] < 0 else "")) in cells.group(1)
     # Reward reasons per stage and per domain, events with their actor.
     for title in ("training · math", "training · if", "latest eval · code"):
         assert f'data-title="{title}"' in dom

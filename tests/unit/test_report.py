@@ -9,7 +9,16 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from cascade.report import format_drop, format_score, render_markdown, render_regression_table, write_report
+from cascade.eval_stats import wilson_interval
+from cascade.report import (
+    format_drop,
+    format_score,
+    load_regression_table,
+    render_markdown,
+    render_regression_table,
+    table_cells,
+    write_report,
+)
 from cascade.store.history import (
     EvalPoint,
     RunHistory,
@@ -133,3 +142,75 @@ def test_write_report_files(tmp_path: Path) -> None:
 def test_write_report_refuses_a_mismatched_run(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="run 7"):
         write_report(_history(), 8, tmp_path)
+
+
+def _history_with_intervals() -> RunHistory:
+    """math on 100 prompts: best 60/100 then final 55/100 (within noise); sort on 4000 prompts:
+    best 60% then final 55% (outside noise). Each eval also has a sampled pass@2."""
+
+    def point(stage: int, step: int, g: int, domain: str, ok: int, n: int) -> EvalPoint:
+        low, high = wilson_interval(ok, n)
+        p2 = min(1.0, ok / n + 0.2)
+        metrics = {
+            "greedy": {"value": ok / n, "low": low, "high": high, "n": n, "method": "wilson"},
+            "pass@2": {
+                "value": p2, "low": p2 - 0.05, "high": min(1.0, p2 + 0.05), "n": n, "method": "bootstrap",
+            },
+        }
+        return EvalPoint(stage, step, g, domain, ok / n, n, {"ok": ok}, metrics)
+
+    evals = [
+        point(0, 0, 0, "math", 40, 100),
+        point(0, 10, 10, "math", 60, 100),
+        point(1, 10, 20, "math", 55, 100),
+        point(0, 0, 0, "sort", 1600, 4000),
+        point(0, 10, 10, "sort", 2400, 4000),
+        point(1, 10, 20, "sort", 2200, 4000),
+    ]
+    stages = [StageSpan(0, "math-rl", "math", "completed"), StageSpan(1, "sort-rl", "sort", "completed")]
+    return RunHistory(stages=stages, evals=evals, run_id=3, cascade_name="ci")
+
+
+def test_regression_table_intervals_and_noise_flag() -> None:
+    table = build_regression_table(_history_with_intervals())
+    math, sort = table.row("math"), table.row("sort")
+    assert math.start_ci == wilson_interval(40, 100)
+    assert math.after_ci == [wilson_interval(60, 100), wilson_interval(55, 100)]
+    assert (math.best_ci, math.final_ci) == (wilson_interval(60, 100), wilson_interval(55, 100))
+    assert math.final_minus_best == pytest.approx(-0.05) and math.drop_outside_noise is False
+    assert sort.final_minus_best == pytest.approx(-0.05) and sort.drop_outside_noise is True
+    cells = dict(zip([r.domain for r in table.rows], table_cells(table), strict=True))
+    assert cells["math"][1] == "40.0% [30.9-49.8]"
+    assert cells["math"][-1] == "-5.0 pp, within noise"
+    assert cells["sort"][-1] == "-5.0 pp, outside noise"
+    md = render_markdown(table)
+    assert "| math | 40.0% [30.9-49.8] |" in md and "outside noise" in md
+    # the table of another recorded metric
+    p2 = build_regression_table(_history_with_intervals(), metric="pass@2")
+    assert p2.metric == "pass@2"
+    assert p2.row("math").best == pytest.approx(0.8) and p2.row("math").best_ci == pytest.approx((0.75, 0.85))
+    assert p2.row("math").drop_outside_noise is False  # 0.75 vs 0.80 +- 0.05 overlap
+
+
+def test_report_json_round_trips_intervals(tmp_path: Path) -> None:
+    files = write_report(_history_with_intervals(), 3, tmp_path)
+    data = json.loads(files.regression_json.read_text())
+    assert "interval" in data["noise_rule"]
+    sort = next(r for r in data["rows"] if r["domain"] == "sort")
+    assert sort["drop_outside_noise"] is True
+    assert sort["final_ci"] == pytest.approx(list(wilson_interval(2200, 4000)))
+    assert set(sort["after_ci"]) == {"math-rl", "sort-rl"}
+    metrics = json.loads(files.metrics_json.read_text())
+    assert metrics["evals"][0]["metrics"]["greedy"]["method"] == "wilson"
+    again = load_regression_table(tmp_path)
+    assert again == build_regression_table(_history_with_intervals())
+    assert "within noise" in files.regression_md.read_text()
+
+
+def test_old_evals_without_intervals_still_tabulate() -> None:
+    table = build_regression_table(_history())
+    math = table.row("math")
+    assert (math.start_ci, math.best_ci, math.drop_outside_noise) == (None, None, None)
+    assert table_cells(table)[0][-1] == "-25.8 pp"
+    assert format_drop(-0.1, True) == "-10.0 pp, outside noise" and format_drop(0.0, True) == "0.0 pp"
+    assert format_score(0.5, (0.4, 0.6)) == "50.0% [40.0-60.0]"

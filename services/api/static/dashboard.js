@@ -25,6 +25,11 @@ function svg(tag, attrs = {}, text = null) {
 }
 
 function pct(v) { return v === null || v === undefined ? "–" : (100 * v).toFixed(1) + "%"; }
+// a score with its confidence interval: "45.3% [38.1–52.6]" (the interval left out when unknown)
+function pctCI(v, ci) {
+  if (v === null || v === undefined || !ci) return pct(v);
+  return `${pct(v)} [${(100 * ci[0]).toFixed(1)}–${(100 * ci[1]).toFixed(1)}]`;
+}
 
 function colorFor(name, i) {
   if (OK_REASONS.has(name)) return "#12a150";
@@ -126,13 +131,21 @@ function renderCurves(detail, evals, spans) {
     }
     if (pts.length) {
       const color = colorFor(domain, i);
+      const band = pts.filter((p) => p.low !== null && p.low !== undefined && p.high !== null && p.high !== undefined);
+      if (band.length) {  // the confidence interval of every eval, as a band around the curve
+        const upper = band.map((p) => `${x(p.global_step).toFixed(1)},${y(p.high).toFixed(1)}`);
+        const lower = band.slice().reverse().map((p) => `${x(p.global_step).toFixed(1)},${y(p.low).toFixed(1)}`);
+        chart.append(svg("polygon", {
+          class: "ci-band", fill: color, "fill-opacity": 0.15, stroke: "none", points: [...upper, ...lower].join(" "),
+        }));
+      }
       chart.append(svg("polyline", {
         fill: "none", stroke: color, "stroke-width": 2,
         points: pts.map((p) => `${x(p.global_step).toFixed(1)},${y(p.score).toFixed(1)}`).join(" "),
       }));
       for (const p of pts) chart.append(svg("circle", { cx: x(p.global_step), cy: y(p.score), r: 2.5, fill: color }));
       const last = pts[pts.length - 1];
-      chart.append(svg("text", { x: W - R - 60, y: 12 }, `last ${pct(last.score)}`));
+      chart.append(svg("text", { x: W - R - 110, y: 12 }, `last ${pctCI(last.score, last.low === null || last.low === undefined ? null : [last.low, last.high])}`));
     } else {
       chart.append(svg("text", { x: L + 10, y: H / 2 }, "no evals yet"));
     }
@@ -154,12 +167,16 @@ function renderRegression(table) {
   t.append(head);
   for (const r of table.rows) {
     const tr = el("tr", { "data-domain": r.domain });
-    tr.append(el("td", {}, r.domain), el("td", {}, pct(r.start)));
-    for (const s of table.stages) tr.append(el("td", {}, pct(r.after[s])));
-    tr.append(el("td", {}, pct(r.best)));
+    tr.append(el("td", {}, r.domain), el("td", {}, pctCI(r.start, r.start_ci)));
+    for (const s of table.stages) tr.append(el("td", {}, pctCI(r.after[s], (r.after_ci || {})[s])));
+    tr.append(el("td", {}, pctCI(r.best, r.best_ci)));
     const d = r.final_minus_best;
-    const cls = d === null ? "" : d < -0.02 ? "bad" : "good";
-    tr.append(el("td", { class: cls }, d === null ? "–" : `${(100 * d).toFixed(1)} pp`));
+    const out = r.drop_outside_noise;
+    // red only for a drop outside noise (non-overlapping intervals); without intervals, > 2 points
+    const cls = d === null ? "" : (out === null || out === undefined ? d < -0.02 : out) ? "bad" : "good";
+    let text = d === null ? "–" : `${(100 * d).toFixed(1)} pp`;
+    if (d !== null && d <= -0.0005 && out !== null && out !== undefined) text += out ? ", outside noise" : ", within noise";
+    tr.append(el("td", { class: cls, title: table.noise_rule || "" }, text));
     t.append(tr);
   }
   root.append(t);

@@ -1,0 +1,26 @@
+"""evals: every eval metric (greedy, avg@k, pass@k) with its confidence interval
+
+Revision ID: 0003
+Revises: 0002
+Create Date: 2026-11-30
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0003"
+down_revision = "0002"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    with op.batch_alter_table("evals") as batch:
+        batch.add_column(sa.Column("metrics", sa.JSON(), nullable=True))
+
+
+def downgrade() -> None:
+    with op.batch_alter_table("evals") as batch:
+        batch.drop_column("metrics")
