@@ -2,7 +2,8 @@
 # cascade-learner: the distributed mode's learner (services/learner, issue 6). It publishes prompt
 # batches to Redis streams, trains on the scored groups, pushes weights to the rollout service,
 # asks the teacher service for log-probs, checkpoints to the shared volume and writes stage state
-# and metrics to Postgres. One per cascade, on a GPU.
+# and metrics to Postgres. One per cascade: one process on a GPU, or sharded over several GPUs
+# (and nodes) under torchrun, where rank 0 does the talking and every rank writes its shards.
 #
 #   docker build -f deploy/docker/learner.Dockerfile -t cascade-learner .
 #
@@ -38,6 +39,8 @@ RUN groupadd --system --gid 10001 cascade \
     && mkdir -p /models /checkpoints && chown 10001:10001 /checkpoints
 COPY --from=build /opt/python /opt/python
 COPY --from=build /opt/venv /opt/venv
+COPY deploy/docker/healthcheck.py /opt/cascade/healthcheck.py
+COPY --chmod=0755 deploy/docker/learner-entrypoint.sh /opt/cascade/learner-entrypoint.sh
 ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 \
     HF_HOME=/home/cascade/.cache/huggingface HF_HUB_OFFLINE=1
 USER 10001:10001
@@ -47,5 +50,7 @@ WORKDIR /home/cascade
 EXPOSE 9400
 HEALTHCHECK --interval=30s --timeout=5s --start-period=900s --retries=3 \
     CMD ["python", "/opt/cascade/healthcheck.py", "http", "http://127.0.0.1:9400/health"]
-ENTRYPOINT ["cascade-learner"]
+# One rank: cascade-learner. LEARNER_RANKS=N > 1: torchrun --standalone with N ranks on this host
+# (learner-entrypoint.sh). Kubernetes' multi-node learner runs torchrun as its command instead.
+ENTRYPOINT ["/opt/cascade/learner-entrypoint.sh"]
 CMD ["/etc/cascade/cascade.yaml"]

@@ -3,8 +3,9 @@ a container's command line is a real command of this project with flags it accep
 
 No Docker engine or cluster runs here, so a command is checked the way a reader would: its
 program must be a console script in pyproject.toml's [project.scripts] (or `celery -A <module>`,
-or `python -m <module>`), its target must import, and every `--flag` must appear in the
-command's own `--help` (with a value among the flag's choices where it has some).
+`python -m <module>`, `torchrun <its options> -m <module>`, or a wrapper script of an image), its
+target must import, and every `--flag` must appear in the command's own `--help` (with a value
+among the flag's choices where it has some).
 """
 
 from __future__ import annotations
@@ -37,7 +38,15 @@ PENDING_ENTRY_POINTS: dict[str, str] = {
 }
 
 # Files the images copy to a fixed path, mapped back to the repository.
-IMAGE_FILES: dict[str, Path] = {"/opt/cascade/healthcheck.py": DOCKER / "healthcheck.py"}
+IMAGE_FILES: dict[str, Path] = {
+    "/opt/cascade/healthcheck.py": DOCKER / "healthcheck.py",
+    "/opt/cascade/learner-entrypoint.sh": DOCKER / "learner-entrypoint.sh",
+}
+
+# Image entry points that are wrapper scripts: the console script they run with the arguments
+# they are given (learner-entrypoint.sh: `cascade-learner ARGS`, or with LEARNER_RANKS > 1
+# `torchrun --standalone ... -m services.learner.main ARGS`; tests/deploy check both forms).
+IMAGE_WRAPPERS: dict[str, str] = {"/opt/cascade/learner-entrypoint.sh": "cascade-learner"}
 
 
 class EntryPointPending(Exception):
@@ -140,6 +149,25 @@ def _check_celery(argv: list[str]) -> list[str]:
     ]
 
 
+def _check_torchrun(args: list[str]) -> list[str]:
+    """torchrun's own options (parsed by torch's parser), then `-m <module of this project>` and
+    that module's flags."""
+    from torch.distributed.run import get_args_parser
+
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            ns = get_args_parser().parse_args(args)
+    except SystemExit:
+        return [f"torchrun refuses {shlex.join(args)}: {err.getvalue().strip()[-300:]}"]
+    if not ns.module:
+        return ["torchrun must start the learner as a module: torchrun ... -m services.learner.main"]
+    module_name: str = ns.training_script
+    if not module_name.startswith(("cascade", "services")) or not _module_exists(module_name):
+        return [f"torchrun -m {module_name}: not a module of this project"]
+    return check_flags(_target_function(f"{module_name}:main"), list(ns.training_script_args))
+
+
 def check_argv(argv: list[str]) -> list[str]:
     """Problems with a container's full command line (entry point + arguments); [] when it is
     a real command of this project with flags it accepts.
@@ -152,6 +180,10 @@ def check_argv(argv: list[str]) -> list[str]:
     program, args = argv[0], argv[1:]
     if program == "celery":
         return _check_celery(argv)
+    if program == "torchrun":
+        return _check_torchrun(args)
+    if program in IMAGE_WRAPPERS:
+        return check_argv([IMAGE_WRAPPERS[program], *args])
     if program in ("python", "python3") and args[:1] == ["-m"] and len(args) > 1:
         if not args[1].startswith(("cascade", "services")) or not _module_exists(args[1]):
             return [f"python -m {args[1]}: not a module of this project"]

@@ -114,16 +114,51 @@ def test_postgres_and_redis_are_healthy_before_their_users() -> None:
         assert SERVICES["learner"]["depends_on"][dep]["condition"] == "service_healthy"
 
 
+def _gpu_devices(service: dict[str, Any]) -> list[dict[str, Any]]:
+    devices: list[dict[str, Any]] = (
+        service.get("deploy", {}).get("resources", {}).get("reservations", {}).get("devices", [])
+    )
+    return devices
+
+
 def test_gpu_reservations() -> None:
     for name, service in SERVICES.items():
-        devices = service.get("deploy", {}).get("resources", {}).get("reservations", {}).get("devices", [])
+        devices = _gpu_devices(service)
         if name in GPU_SERVICES:
             assert len(devices) == 1, name
             assert devices[0]["driver"] == "nvidia" and devices[0]["capabilities"] == ["gpu"], name
-            assert devices[0]["device_ids"], name
+            # count and device_ids exclude each other (Docker refuses both)
+            assert ("count" in devices[0]) != ("device_ids" in devices[0]), name
             assert "--device" not in _effective_argv(service)[0] or "cuda" in _effective_argv(service)[0]
         else:
             assert not devices, f"{name} reserves a GPU"
+    # The learner takes LEARNER_RANKS GPUs by count (Docker gives the first ids, 0..N-1); rollout
+    # and teacher default to ids after them, so the defaults share no GPU.
+    learner = _gpu_devices(SERVICES["learner"])[0]
+    ranks = int(ENV["LEARNER_RANKS"])
+    assert int(learner["count"]) == ranks == 1
+    assert SERVICES["learner"]["environment"]["LEARNER_RANKS"] == ENV["LEARNER_RANKS"]
+    others = [int(_gpu_devices(SERVICES[n])[0]["device_ids"][0]) for n in ("rollout", "teacher")]
+    assert len(set(others)) == 2 and not set(others) & set(range(ranks)), others
+
+
+def test_learner_ranks_on_one_host() -> None:
+    """LEARNER_RANKS=2: the file still validates once interpolated, the learner reserves 2 GPUs
+    and its image's entry point gets LEARNER_RANKS=2 (learner-entrypoint.sh then runs torchrun
+    --standalone --nproc-per-node=2; tests/deploy/test_images.py runs the script)."""
+    two = interpolate(RAW, {**ENV, "LEARNER_RANKS": "2"})
+    assert not list(VALIDATOR(SCHEMA).iter_errors(two))
+    learner = two["services"]["learner"]
+    assert int(_gpu_devices(learner)[0]["count"]) == 2
+    assert learner["environment"]["LEARNER_RANKS"] == "2"
+    assert learner["environment"]["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"  # merged, kept
+    assert learner["shm_size"]  # NCCL's shared memory between the ranks
+    argv, own_entry = _effective_argv(learner)
+    assert own_entry and argv[0] == "/opt/cascade/learner-entrypoint.sh"
+    assert _effective_argv(learner) == _effective_argv(SERVICES["learner"])  # same command either way
+    # Unset, the learner is one rank (the default in the file, not only in .env.example).
+    bare = interpolate(RAW, {k: v for k, v in ENV.items() if k != "LEARNER_RANKS"})
+    assert int(_gpu_devices(bare["services"]["learner"])[0]["count"]) == 1
 
 
 def test_reward_workers_scale_separately() -> None:

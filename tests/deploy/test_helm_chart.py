@@ -59,9 +59,25 @@ def find(which: str, kind: str, name: str) -> Manifest:
     return matches[0]
 
 
+def workload(which: str, component: str) -> Manifest:
+    """The component's Deployment, or StatefulSet (the sharded learner)."""
+    matches = [
+        d
+        for d in render(which)
+        if d["kind"] in ("Deployment", "StatefulSet") and d["metadata"]["name"] == f"{RELEASE}-{component}"
+    ]
+    assert len(matches) == 1, f"{which}: {component}: {len(matches)} workloads rendered"
+    return matches[0]
+
+
 def pod_spec(which: str, component: str) -> dict[str, Any]:
-    spec: dict[str, Any] = find(which, "Deployment", f"{RELEASE}-{component}")["spec"]["template"]["spec"]
+    spec: dict[str, Any] = workload(which, component)["spec"]["template"]["spec"]
     return spec
+
+
+def gpus_per_pod(v: dict[str, Any], component: str) -> int:
+    count: int = v[component]["gpusPerNode" if component == "learner" else "gpus"]
+    return count
 
 
 def containers(which: str) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -110,8 +126,11 @@ def test_chart_lints_clean(which: str) -> None:
 @pytest.mark.parametrize("which", WHICH)
 def test_the_whole_system_renders(which: str) -> None:
     kinds = {(d["kind"], d["metadata"]["name"]) for d in render(which)}
-    for component in ("api", "reward", "reward-worker", "rollout", "rollout-worker", "teacher", "learner"):
+    for component in ("api", "reward", "reward-worker", "rollout", "rollout-worker", "teacher"):
         assert ("Deployment", f"{RELEASE}-{component}") in kinds, component
+    # One learner pod: a Deployment; gpu-pool's 2 x 8 GPUs: a StatefulSet (test_learner_ranks.py)
+    learner_kind = "StatefulSet" if which == "gpu-pool" else "Deployment"
+    assert (learner_kind, f"{RELEASE}-learner") in kinds
     for component in ("api", "reward", "rollout", "teacher"):
         assert ("Service", f"{RELEASE}-{component}") in kinds, component
     for kind in ("HorizontalPodAutoscaler", "PodDisruptionBudget", "NetworkPolicy"):
@@ -176,7 +195,7 @@ def test_gpu_scheduling(which: str) -> None:
     assert gpu == "nvidia.com/gpu"
     for component in GPU_WORKLOADS:
         spec = pod_spec(which, component)
-        count = v[component]["gpus"]
+        count = gpus_per_pod(v, component)
         resources = spec["containers"][0]["resources"]
         assert resources["limits"][gpu] == resources["requests"][gpu] == count > 0, component
         expected_selector = v[component]["nodeSelector"] or v["gpu"]["nodeSelector"]
@@ -370,7 +389,9 @@ def test_external_database_is_required_without_the_bundled_one() -> None:
     ("overrides", "where"),
     [
         ({"rollout": {"engine": "trt"}}, "/rollout/engine"),
-        ({"learner": {"gpus": -1}}, "/learner/gpus"),
+        ({"learner": {"gpusPerNode": -1}}, "/learner/gpusPerNode"),
+        ({"learner": {"nodes": 0}}, "/learner/nodes"),
+        ({"teacher": {"gpus": -1}}, "/teacher/gpus"),
         ({"rollout": {"replicaCount": 0}}, "/rollout/replicaCount"),
         ({"rewardWorker": {"sandbox": {"runAsUser": 0}}}, "/rewardWorker/sandbox/runAsUser"),
         ({"rewardWorker": {"sandbox": {"procMount": "Default"}}}, "/rewardWorker/sandbox/procMount"),

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from deploy_checks import (
     DOCKER,
+    IMAGE_FILES,
     PENDING_ENTRY_POINTS,
     REPO,
     Dockerfile,
@@ -135,15 +136,38 @@ def test_pins_agree_with_pyproject() -> None:
     assert "torch" not in overrides  # vllm==0.32.0 was chosen because it runs on the pinned torch
 
 
+def _copies(stage_rest: str) -> tuple[list[str], str]:
+    """A COPY's (sources, destination), its --chmod/--chown options left out."""
+    *sources, dest = [w for w in stage_rest.split() if not w.startswith("--")]
+    return sources, dest
+
+
 def test_copied_files_exist() -> None:
     for name, df in IMAGES.items():
         for stage in df.stages:
             for rest in stage.all("COPY"):
                 if "--from=" in rest:
                     continue
-                *sources, _ = rest.split()
-                for source in sources:
+                for source in _copies(rest)[0]:
                     assert (REPO / source).exists(), f"{name}: COPY {source}: no such file"
+
+
+@pytest.mark.parametrize(("name", "target"), TARGETS, ids=_ids(TARGETS))
+def test_files_the_image_runs_are_in_it(name: str, target: str | None) -> None:
+    """The entry point's and the health check's own files (IMAGE_FILES) are copied into the
+    stages the image is built from, from where the tests read them."""
+    df = IMAGES[name]
+    check = df.healthcheck(target)
+    used = {t for t in [*df.argv(target), *(check.command if check else [])] if t in IMAGE_FILES}
+    copied = {
+        _copies(rest)[1]: _copies(rest)[0]
+        for stage in df.chain(target)
+        for rest in stage.all("COPY")
+        if "--from=" not in rest
+    }
+    for path in used:
+        assert path in copied, f"{name}: runs {path} but never copies it in"
+        assert [REPO / src for src in copied[path]] == [IMAGE_FILES[path]], f"{name}: {path}"
 
 
 def test_reader_refuses_shell_form(tmp_path: Path) -> None:
@@ -230,3 +254,52 @@ def test_healthcheck_http() -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+# --- deploy/docker/learner-entrypoint.sh: one process or torchrun ------------------------------
+
+
+def _run_entrypoint(tmp_path: Path, ranks: str | None, args: list[str]) -> subprocess.CompletedProcess[str]:
+    """The learner image's entry point with `cascade-learner` and `torchrun` replaced by stubs
+    that print the command line they were given, one word a line."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for program in ("cascade-learner", "torchrun"):
+        stub = bin_dir / program
+        stub.write_text('#!/bin/sh\nprintf \'%s\\n\' "$(basename "$0")" "$@"\n')
+        stub.chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
+    if ranks is not None:
+        env["LEARNER_RANKS"] = ranks
+    script = IMAGE_FILES["/opt/cascade/learner-entrypoint.sh"]
+    return subprocess.run([str(script), *args], env=env, capture_output=True, text=True, timeout=30)
+
+
+LEARNER_ARGS = ["/etc/cascade/cascade.yaml", "--db", "sqlite:////tmp/c.db", "--metrics-port", "9400"]
+
+
+@pytest.mark.parametrize(
+    ("ranks", "head"),
+    [
+        (None, ["cascade-learner"]),
+        ("1", ["cascade-learner"]),
+        ("2", ["torchrun", "--standalone", "--nproc-per-node=2", "-m", "services.learner.main"]),
+        ("8", ["torchrun", "--standalone", "--nproc-per-node=8", "-m", "services.learner.main"]),
+    ],
+)
+def test_learner_entrypoint_runs_one_process_or_torchrun(
+    tmp_path: Path, ranks: str | None, head: list[str]
+) -> None:
+    assert IMAGES["learner"].exec_form("ENTRYPOINT") == ["/opt/cascade/learner-entrypoint.sh"]
+    done = _run_entrypoint(tmp_path, ranks, LEARNER_ARGS)
+    assert done.returncode == 0, done.stderr
+    argv = done.stdout.splitlines()
+    assert argv == [*head, *LEARNER_ARGS]
+    assert not check_argv(argv)  # torchrun's options by torch's own parser, then the learner's
+
+
+@pytest.mark.parametrize("ranks", ["0", "two", "-1"])
+def test_learner_entrypoint_refuses_bad_ranks(tmp_path: Path, ranks: str) -> None:
+    done = _run_entrypoint(tmp_path, ranks, LEARNER_ARGS)
+    assert done.returncode == 64 and not done.stdout
+    assert "LEARNER_RANKS" in done.stderr
