@@ -3,6 +3,19 @@
 Written by hand rather than with `model.generate` so that the log-probs it returns are the
 ones the learner recomputes (same temperature scaling, same position ids, full-vocabulary
 softmax before top-p truncation).
+
+Where the time goes, and what is done about it (a GRPO step asks for G completions of each
+prompt, each decode step is a batch of one token per row):
+
+- prompts that repeat (the G copies of a group's prompt) are run through the prefill once and
+  their keys/values copied to every row that shares them;
+- decode steps run through `cascade.engine.decode.StaticDecoder` (a preallocated cache, no HF
+  mask or cache machinery per token) on the architectures it supports, the HF forward with a
+  `DynamicCache` otherwise;
+- a sampled token costs one uniform draw per row (inverse CDF over the row's probabilities),
+  not one per vocabulary entry;
+- rows that have finished leave the decode batch (once a quarter of it has), so the few long
+  completions of a group that mostly stopped early decode alone.
 """
 
 from __future__ import annotations
@@ -12,6 +25,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from cascade.engine import decode
 from cascade.engine.batch import left_pad, positions
 
 
@@ -22,15 +36,35 @@ class Generation:
     finish_reasons: list[str]  # "stop" (EOS) or "length" (token budget)
 
 
-def _sample(logits: torch.Tensor, top_p: float, generator: torch.Generator | None) -> torch.Tensor:
-    probs = torch.softmax(logits, dim=-1)
+def _inverse_cdf(weights: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """One index per row of `weights` [B, V] (>= 0, every row some positive), drawn with
+    probability proportional to its weight: the first index whose cumulative weight exceeds
+    `uniform` [B] (draws in [0, 1)) times the row's total. Zero weights are never drawn."""
+    cdf = weights.cumsum(-1)  # [B, V]
+    total = cdf[:, -1:]
+    u = uniform.to(cdf.dtype).unsqueeze(-1) * total
+    u = torch.minimum(u, torch.nextafter(total, torch.zeros_like(total)))  # u < total, even rounded
+    return torch.searchsorted(cdf, u, right=True).squeeze(-1)
+
+
+def _sample(logp: torch.Tensor, top_p: float, uniform: torch.Tensor) -> torch.Tensor:
+    """Token ids [B] from log-probs [B, V] (at the sampling temperature), within the top-p
+    nucleus, one uniform draw [B] per row."""
+    probs = logp.exp()
     if top_p < 1.0:
         sorted_p, order = probs.sort(dim=-1, descending=True)
         cum = sorted_p.cumsum(-1)
         sorted_p = sorted_p.masked_fill(cum - sorted_p > top_p, 0.0)
-        choice = torch.multinomial(sorted_p, 1, generator=generator)
-        return order.gather(-1, choice).squeeze(-1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        return order.gather(-1, _inverse_cdf(sorted_p, uniform).unsqueeze(-1)).squeeze(-1)
+    return _inverse_cdf(probs, uniform)
+
+
+def _share_prompts(prompts: list[list[int]]) -> tuple[list[list[int]], torch.Tensor]:
+    """The distinct prompts, in first-seen order, and for each row the index of its prompt."""
+    first: dict[tuple[int, ...], int] = {}
+    rows = [first.setdefault(tuple(p), len(first)) for p in prompts]
+    distinct = [list(p) for p in first]
+    return distinct, torch.tensor(rows, dtype=torch.long)
 
 
 @torch.no_grad()
@@ -51,51 +85,17 @@ def generate(
         raise ValueError("every prompt needs at least one token")
     was_training = model.training
     model.eval()
-    device = model.device
-    ids, attn = left_pad(prompts, pad_id)
-    ids, attn = ids.to(device), attn.to(device)
-    pos = positions(attn)
-    batch = ids.shape[0]
-    cache = DynamicCache()
-    out = model(input_ids=ids, attention_mask=attn, position_ids=pos, cache=cache, use_cache=True)
-    logits = out.logits[:, -1, :].float()
-    next_pos = pos[:, -1] + 1
-    eos = torch.tensor(eos_ids, dtype=torch.long, device=device)
-    done = torch.zeros(batch, dtype=torch.bool, device=device)
-    stopped = torch.zeros(batch, dtype=torch.bool, device=device)
-    tokens: list[torch.Tensor] = []
-    logps: list[torch.Tensor] = []
-    for step in range(max_new_tokens):
-        logp_all = torch.log_softmax(logits / temperature, dim=-1)
-        tok = logits.argmax(-1) if greedy else _sample(logits / temperature, top_p, generator)
-        lp = logp_all.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
-        tok = torch.where(done, torch.full_like(tok, pad_id), tok)
-        tokens.append(tok)
-        logps.append(torch.where(done, torch.zeros_like(lp), lp))
-        hit_eos = torch.isin(tok, eos) & ~done
-        stopped |= hit_eos
-        done |= hit_eos
-        if bool(done.all()) or step == max_new_tokens - 1:
-            break
-        attn = torch.cat([attn, torch.ones((batch, 1), dtype=attn.dtype, device=device)], dim=1)
-        out = model(
-            input_ids=tok.unsqueeze(-1),
-            attention_mask=attn,
-            position_ids=next_pos.unsqueeze(-1),
-            cache=cache,
-            use_cache=True,
+    try:
+        tok_mat, lp_mat, stopped = _decode(
+            model, prompts, max_new_tokens, eos_ids, pad_id, temperature, top_p, greedy, generator
         )
-        logits = out.logits[:, -1, :].float()
-        next_pos = next_pos + 1
-    model.train(was_training)
-    tok_mat = torch.stack(tokens, dim=1).cpu()
-    lp_mat = torch.stack(logps, dim=1).cpu()
+    finally:
+        model.train(was_training)
     completions: list[list[int]] = []
     logprobs: list[list[float]] = []
     reasons: list[str] = []
     eos_set = set(eos_ids)
-    for i in range(batch):
-        row = tok_mat[i].tolist()
+    for i, row in enumerate(tok_mat.tolist()):
         end = len(row)
         for j, t in enumerate(row):
             if t in eos_set:
@@ -103,5 +103,68 @@ def generate(
                 break
         completions.append(row[:end])
         logprobs.append(lp_mat[i, :end].tolist())
-        reasons.append("stop" if bool(stopped[i]) else "length")
+        reasons.append("stop" if stopped[i] else "length")
     return Generation(completion_ids=completions, logprobs=logprobs, finish_reasons=reasons)
+
+
+def _decode(
+    model: PreTrainedModel,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    eos_ids: list[int],
+    pad_id: int,
+    temperature: float,
+    top_p: float,
+    greedy: bool,
+    generator: torch.Generator | None,
+) -> tuple[torch.Tensor, torch.Tensor, list[bool]]:
+    """Tokens [B, C] (pad after a row's EOS), their log-probs [B, C] (0 there), stop flags."""
+    device = model.device
+    distinct, rows = _share_prompts(prompts)
+    ids_u, attn_u = left_pad(distinct, pad_id)
+    ids_u, attn_u, rows = ids_u.to(device), attn_u.to(device), rows.to(device)
+    pos_u = positions(attn_u)
+    cache = DynamicCache()
+    out = model(input_ids=ids_u, attention_mask=attn_u, position_ids=pos_u, cache=cache, use_cache=True)
+    logits = out.logits[:, -1, :].float().index_select(0, rows)  # [B, V]
+    del out
+    batch = len(prompts)
+    steps = decode.stepper(
+        model,
+        cache,
+        rows,
+        attn_u.index_select(0, rows),
+        pos_u[:, -1].index_select(0, rows) + 1,
+        max_new_tokens - 1,
+    )
+    tok_mat = torch.full((batch, max_new_tokens), pad_id, dtype=torch.long, device=device)
+    lp_mat = torch.zeros((batch, max_new_tokens), dtype=torch.float32, device=device)
+    stopped = torch.zeros(batch, dtype=torch.bool, device=device)
+    eos = torch.tensor(eos_ids, dtype=torch.long, device=device)
+    alive = torch.arange(batch, device=device)  # batch rows still in the decode batch
+    done = torch.zeros(batch, dtype=torch.bool, device=device)  # per decode-batch row
+    for step in range(max_new_tokens):
+        logp_all = torch.log_softmax(logits / temperature, dim=-1)
+        if greedy:
+            tok = logits.argmax(-1)
+        else:  # one draw per batch row every step, so a row's tokens never depend on others stopping
+            uniform = torch.rand(batch, generator=generator, device=device)
+            tok = _sample(logp_all, top_p, uniform.index_select(0, alive))
+        lp = logp_all.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
+        tok = tok.masked_fill(done, pad_id)
+        tok_mat[alive, step] = tok
+        lp_mat[alive, step] = lp.masked_fill(done, 0.0)
+        hit_eos = torch.isin(tok, eos) & ~done
+        stopped[alive[hit_eos]] = True
+        done |= hit_eos
+        if step == max_new_tokens - 1:
+            break
+        n_done = int(done.sum())
+        if n_done == done.numel():
+            break
+        if 4 * n_done >= done.numel():  # a quarter of the batch finished: drop those rows
+            idx = torch.nonzero(~done).squeeze(-1)
+            steps.keep(idx)
+            alive, tok, done = alive[idx], tok[idx], done[idx]
+        logits = steps.step(tok, step).float()
+    return tok_mat.cpu(), lp_mat.cpu(), stopped.tolist()
