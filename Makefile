@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 TINY   := models/tiny
 TINY_FULL := models/tiny-full
 
-.PHONY: install demo demo-full ablation test lint services sandbox chromium clean
+.PHONY: install demo demo-full ablation test lint services sandbox chromium clean bench-trl
 
 $(STAMP): pyproject.toml $(shell find proto -name '*.proto')
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,13 @@ $(TINY_FULL)/config.json: | $(STAMP)
 
 demo-full: install sandbox $(TINY_FULL)/config.json
 	$(VENV)/bin/cascade run examples/full-cascade.yaml --resume
+
+# TRL's GRPOTrainer and Cascade on the same GRPO stage, in lockstep (bench/results/vs_trl.json).
+# The extra is installed with the venv's torch as a constraint, so pip never pulls another build.
+bench-trl: install $(TINY)/config.json
+	$(PY) -c "import torch; print('torch==' + torch.__version__.split('+')[0])" > $(VENV)/torch-pin.txt
+	$(PY) -m pip install --quiet -c $(VENV)/torch-pin.txt -e '.[bench-trl]'
+	$(PY) bench/vs_trl.py
 
 services:
 	bash scripts/ensure-services.sh
