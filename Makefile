@@ -11,7 +11,7 @@ TINY_FULL := models/tiny-full
 $(STAMP): pyproject.toml $(shell find proto -name '*.proto')
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[dev,tracking]'
 	PY=$(PY) bash scripts/gen-proto.sh
 	touch $(STAMP)
 

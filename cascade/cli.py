@@ -22,6 +22,7 @@ def _quiet_hub_progress() -> None:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from cascade.config import ConfigError, check_paths, load_cascade_config
+    from cascade.tracking import check_tracking
 
     status = 0
     for path in args.configs:
@@ -31,7 +32,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
             print(f"error: {err}", file=sys.stderr)
             status = 2
             continue
-        problems = [] if args.schema_only else check_paths(cfg)
+        problems = [] if args.schema_only else check_paths(cfg) + check_tracking(cfg.tracking)
         for problem in problems:
             print(f"error: {path}: {problem}", file=sys.stderr)
         if problems:
@@ -109,6 +110,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from cascade.config import with_learner_device
 
     cfg = with_learner_device(cfg, args.device)
+    from cascade.config import with_tracking
+
+    cfg = with_tracking(cfg, args.track)
     run_dir = _run_dir(args, cfg)
     flags_error = _resolve_run_flags(args, run_dir)
     if flags_error is not None:
@@ -227,12 +231,16 @@ def cmd_sandbox_check(args: argparse.Namespace) -> int:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from cascade.config import ConfigError, load_cascade_config
+    from cascade.config import ConfigError, load_cascade_config, with_tracking
+    from cascade.tracking import check_tracking
 
     try:
-        cfg = load_cascade_config(args.config)
+        cfg = with_tracking(load_cascade_config(args.config), args.track)
     except ConfigError as err:
         return _fail(str(err))
+    problems = check_tracking(cfg.tracking)  # before any process starts
+    if problems:
+        return _fail(problems[0])
     import signal
     import uuid
 
@@ -261,6 +269,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         follow=not args.no_follow,
         distill=not args.no_distill,
         nice=args.nice,
+        track=args.track,
     )
 
     def on_term(signum: int, frame: object) -> None:
@@ -299,6 +308,16 @@ def cmd_up(args: argparse.Namespace) -> int:
     return code
 
 
+def track_arg(value: str) -> list[str]:
+    """`--track`: tracking backends, comma-separated (tensorboard, mlflow, wandb), or none."""
+    from cascade.config_tracking import parse_track_flag
+
+    try:
+        return list(parse_track_flag(value))
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def device_arg(value: str) -> str:
     """`--device`: auto, cpu, cuda or cuda:N (whether this host has it is checked at start)."""
     from cascade.config import device_setting
@@ -333,6 +352,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="where the learner trains: auto, cpu, cuda, cuda:N (overrides the config's learner.device)",
     )
     p.add_argument("--no-progress", action="store_true", help="plain log lines instead of progress bars")
+    p.add_argument(
+        "--track",
+        type=track_arg,
+        help="experiment tracking: tensorboard,mlflow,wandb (any of them) or none; replaces the config's "
+        "tracking.backends",
+    )
     p.add_argument("--stop-after-steps", type=int, help="checkpoint and stop after N steps (resume later)")
     p.add_argument("--cascade-id", type=int, help="run a cascade created through the control plane (in --db)")
     p.add_argument(
@@ -368,6 +393,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-follow", action="store_true", help="stop the stack when a stage is paused")
     p.add_argument("--no-distill", action="store_true", help="ablation: no distillation in any stage")
     p.add_argument("--nice", type=int, default=0, help="start every process under `nice -n N`")
+    p.add_argument(
+        "--track",
+        type=track_arg,
+        help="experiment tracking: tensorboard,mlflow,wandb (any of them) or none; replaces the config's "
+        "tracking.backends",
+    )
     p.set_defaults(func=cmd_up)
 
     p = sub.add_parser(

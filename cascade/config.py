@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from cascade.config_hf import HfPrompts
+from cascade.config_tracking import BackendName, TrackingConfig
 
 DomainName = Literal["math", "code", "if", "swe", "rlhf"]
 """Domains with a verifier in `cascade.domains`."""
@@ -429,6 +430,8 @@ class CascadeConfig(StrictModel):
     rollout: RolloutConfig = RolloutConfig()
     lease: LeaseConfig = LeaseConfig()
     learner: LearnerConfig = LearnerConfig()
+    tracking: TrackingConfig = TrackingConfig()
+    """Experiment trackers (TensorBoard, MLflow, W&B): none by default."""
     output_dir: Path = Path("runs")
 
     @model_validator(mode="after")
@@ -492,6 +495,14 @@ def with_learner_device(cfg: CascadeConfig, device: str | None) -> CascadeConfig
         return cfg
     learner = LearnerConfig(device=device, precision=cfg.learner.precision)
     return cfg.model_copy(update={"learner": learner})
+
+
+def with_tracking(cfg: CascadeConfig, backends: list[BackendName] | None) -> CascadeConfig:
+    """`cfg` with `tracking.backends` replaced (a `--track` flag); None leaves it as it is."""
+    if backends is None:
+        return cfg
+    tracking = cfg.tracking.model_copy(update={"backends": list(backends)})
+    return cfg.model_copy(update={"tracking": tracking})
 
 
 def device_setting(value: str) -> str:

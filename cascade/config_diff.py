@@ -11,12 +11,13 @@ import hashlib
 import json
 from typing import Any
 
-NOT_TRAINING = ("output_dir", "checkpoint", "lease", "learner")
+NOT_TRAINING = ("output_dir", "checkpoint", "lease", "learner", "tracking")
 """Top-level sections that change where or how safely a run is kept, not what it learns.
 
 `learner` (device and precision) is here on purpose: a cascade made on a laptop may be trained
 on a GPU node, and a run may resume on another device. It changes the numerics only by rounding
-(bfloat16 autocast on CUDA, see `cascade.accel`), not the algorithm or its settings."""
+(bfloat16 autocast on CUDA, see `cascade.accel`), not the algorithm or its settings. `tracking`
+(experiment trackers) only says where metrics are copied to."""
 
 
 def training_settings(config: dict[str, Any]) -> dict[str, Any]:

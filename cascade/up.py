@@ -123,6 +123,8 @@ class LocalStack:
     follow: bool = True
     distill: bool = True
     nice: int = 0
+    track: list[str] | None = None
+    """`--track` for the learner (None: the config's `tracking.backends`)."""
     claim_idle_ms: int = 30_000
     worker_flags: dict[int, list[str]] = field(default_factory=dict)
     """Extra flags for worker i (fault-injection tests)."""
@@ -205,6 +207,8 @@ class LocalStack:
             argv.append("--follow")
         if not self.distill:
             argv.append("--no-distill")
+        if self.track is not None:
+            argv += ["--track", ",".join(self.track) or "none"]
         proc = Proc("learner", argv, self.log_dir / "learner.log", metrics_port=metrics)
         self.procs["learner"] = proc
         proc.start(self._env(), self.nice)

@@ -57,6 +57,7 @@ from cascade.runner.planning import distill_seed, plan_requests
 from cascade.runner.record import RunRecord, read_record, write_record
 from cascade.runner.sources import RunSources
 from cascade.store.leases import Holder
+from cascade.tracking import Tracker
 from cascade.trainer import VerifierFailureError, apply_update, rl_term
 
 SAMPLES_LOG = "samples.jsonl"
@@ -120,6 +121,11 @@ class CascadeRunner:
                 make_url(db_url)
             except ArgumentError:
                 raise RunDirError(f"--db: not a database URL: {db_url!r}") from None
+        self.tracker = Tracker.from_config(
+            config, run_dir, resume=resume, log=log, extra={"distill": distill, "mode": sources.rollouts.kind}
+        )
+        """Experiment tracking (`cascade.tracking`): does nothing unless `tracking.backends` names one;
+        a backend whose library is missing fails here, before anything is written."""
         self.previous = read_record(run_dir) if resume else None
         self._prepare_run_dir(resume=resume, fresh=fresh)
         self.db_url = db_url or f"sqlite:///{(run_dir / 'cascade.db').resolve()}"
@@ -262,9 +268,11 @@ class CascadeRunner:
             self._background.shutdown(wait=False, cancel_futures=True)
             if self.lease is not None:
                 self.lease.stop(release=True)
+            self.tracker.close()  # a run that raised: its tracked runs end too
 
     def _run(self) -> RunResult:
         self._load()
+        self.tracker.start(self.state.global_step)
         if self.state.finished:
             self.log("run already finished; writing the report again")
             return self._finish("already finished")
@@ -426,6 +434,7 @@ class CascadeRunner:
             )
         if self.on_step is not None:
             self.on_step(self.state.global_step, metrics)
+        self.tracker.log_step(self.state.global_step, metrics, stage=self.state.stage_index)
         return metrics
 
     def _wait(self, future: Future[list[DistillData]]) -> list[DistillData]:
@@ -583,6 +592,7 @@ class CascadeRunner:
             )
             if name in trained and self.state.global_step > 0:
                 self._offer_teacher(name, result.score)
+        self.tracker.log_eval(self.state.global_step, self._last_evals)
         self.state.last_eval_global_step = self.state.global_step
         self.log(
             f"  eval @ step {self.state.global_step} (stage step {self.state.stage_step}): "
@@ -633,6 +643,7 @@ class CascadeRunner:
         self.store.record_checkpoint(
             self.state.stage_index, self.state.stage_step, self.state.global_step, path
         )
+        self.tracker.log_checkpoint(self.state.global_step, path)
         prune_checkpoints(self.ckpt_root, self.cfg.checkpoint.keep_last)
         for old in self._pending_teacher_deletes:
             shutil.rmtree(old, ignore_errors=True)
@@ -647,6 +658,7 @@ class CascadeRunner:
                 status="completed" if stopped_by in ("completed", "already finished") else stopped_by
             )
             self.store.write_report(report_dir)
+        self.tracker.finish(stopped_by, report_dir if write_report else None)
         return RunResult(
             run_dir=self.run_dir,
             report_dir=report_dir,

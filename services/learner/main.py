@@ -27,6 +27,16 @@ def device_arg(value: str) -> str:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
+def track_arg(value: str) -> list[str]:
+    """`--track`: tracking backends, comma-separated (tensorboard, mlflow, wandb), or none."""
+    from cascade.config_tracking import parse_track_flag
+
+    try:
+        return list(parse_track_flag(value))
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="cascade-learner", description=__doc__.splitlines()[0])
     p.add_argument("config", type=Path, help="cascade YAML file")
@@ -66,6 +76,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=device_arg,
         help="where the learner trains: auto, cpu, cuda, cuda:N (overrides the config's learner.device)",
     )
+    p.add_argument(
+        "--track",
+        type=track_arg,
+        help="experiment tracking: tensorboard,mlflow,wandb (any of them) or none; replaces the config's "
+        "tracking.backends",
+    )
     p.add_argument("--torch-threads", type=int, default=1, help="torch threads (default: %(default)s)")
     p.add_argument("--host", default="0.0.0.0", help="address of the metrics port (default: %(default)s)")
     p.add_argument(
@@ -94,10 +110,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from cascade.config import ConfigError, load_cascade_config, with_learner_device
+    from cascade.config import ConfigError, load_cascade_config, with_learner_device, with_tracking
 
     try:
         cfg = with_learner_device(load_cascade_config(args.config), args.device)
+        cfg = with_tracking(cfg, args.track)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
