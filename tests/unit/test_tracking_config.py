@@ -73,6 +73,32 @@ def test_cli_refuses_an_unknown_backend(capsys: pytest.CaptureFixture[str]) -> N
     assert args.track == ["wandb"]
 
 
+def test_up_passes_track_to_the_learner(tmp_path: Path) -> None:
+    from cascade.up import LocalStack, Proc
+    from services.learner.main import parse_args
+
+    config = tmp_path / "c.yaml"
+    config.write_text("name: x\n")
+    args = parse_args([str(config), "--rollout", "127.0.0.1:1", "--track", "tensorboard,mlflow"])
+    assert args.track == ["tensorboard", "mlflow"]
+    assert parse_args([str(config), "--rollout", "127.0.0.1:1"]).track is None
+    for track, expected in ((["wandb", "mlflow"], ["--track", "wandb,mlflow"]), ([], ["--track", "none"])):
+        stack = LocalStack(
+            config=config, model=tmp_path, run_dir=tmp_path / "run", log_dir=tmp_path, track=track
+        )
+        stack.procs = {name: Proc(name, [], tmp_path / name, port=1) for name in ("rollout", "teacher")}
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(Proc, "start", lambda self, env, nice=0: None)  # the argv only, no process
+            argv = stack.start_learner().argv
+        i = argv.index("--track")
+        assert argv[i : i + 2] == expected
+    stack = LocalStack(config=config, model=tmp_path, run_dir=tmp_path / "run", log_dir=tmp_path)
+    stack.procs = {name: Proc(name, [], tmp_path / name, port=1) for name in ("rollout", "teacher")}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Proc, "start", lambda self, env, nice=0: None)
+        assert "--track" not in stack.start_learner().argv  # the config's tracking section decides
+
+
 class FakeBackend:
     """Records every call; `fail` names methods that raise."""
 
