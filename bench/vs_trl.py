@@ -443,8 +443,8 @@ def main() -> None:
             "loadavg_end": load_end,
             "wall_s": time.perf_counter() - t0,
             "note": (
-                "a shared machine: other jobs ran alongside; the two trainers alternate step by step, so load "
-                "hits both alike, and CPU-time medians (speedup_step_cpu) are the less load-sensitive figure"
+                "a shared machine: other jobs ran alongside; the two trainers alternate step by step, so "
+                "load hits both alike, and CPU-time medians (speedup_step_cpu) are less load-sensitive"
             ),
         },
         "per_step": rows,

@@ -3,25 +3,57 @@
 from __future__ import annotations
 
 import torch
-from transformers import PreTrainedModel
+from transformers import DynamicCache, PreTrainedModel
 
+from cascade.engine import decode
 from cascade.engine.batch import SequenceBatch
 
 
 def completion_logits(model: PreTrainedModel, batch: SequenceBatch, temperature: float = 1.0) -> torch.Tensor:
     """Logits predicting each completion token: [B, C, V] float32 (whatever the model's dtype or
-    autocast), divided by `temperature`; on the model's device."""
+    autocast), divided by `temperature`; on the model's device.
+
+    When rows share prompts (a GRPO group's G completions of one prompt), each distinct prompt
+    goes through the model once and its keys/values serve every row that has it (gradients
+    flow back through them as through G copies): the same logits, to float rounding, for about
+    `distinct * P + B * C` token positions instead of `B * (P + C)`. Only on full-attention
+    stacks `cascade.engine.decode` knows (a sliding-window cache keeps a window, not the prompt)."""
     batch = batch.to(model.device)
-    out = model(
-        input_ids=batch.input_ids,
-        attention_mask=batch.attention_mask,
-        position_ids=batch.position_ids,
-        use_cache=False,
-    )
     p = batch.prompt_len
     c = batch.completion_ids.shape[1]
-    logits = out.logits[:, p - 1 : p - 1 + c, :].float()
-    return logits / temperature
+    distinct, rows = torch.unique(batch.input_ids[:, :p], dim=0, return_inverse=True)
+    if 2 * distinct.shape[0] > batch.input_ids.shape[0] or not decode.supports(model):
+        out = model(
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
+            position_ids=batch.position_ids,
+            use_cache=False,
+        )
+        logits = out.logits[:, p - 1 : p - 1 + c, :].float()
+        return logits / temperature
+    first = torch.full((distinct.shape[0],), batch.input_ids.shape[0], dtype=torch.long, device=rows.device)
+    first = first.scatter_reduce(0, rows, torch.arange(rows.shape[0], device=rows.device), "amin")
+    cache = DynamicCache()
+    prefix = model(
+        input_ids=batch.input_ids[first, :p],
+        attention_mask=batch.attention_mask[first, :p],
+        position_ids=batch.position_ids[first, :p],
+        cache=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    parts = [prefix.logits[:, -1:, :].index_select(0, rows)]  # predicts completion token 0
+    if c > 1:
+        cache.batch_select_indices(rows)
+        rest = model(
+            input_ids=batch.input_ids[:, p : p + c - 1],
+            attention_mask=batch.attention_mask[:, : p + c - 1],
+            position_ids=batch.position_ids[:, p : p + c - 1],
+            cache=cache,
+            use_cache=True,
+        )
+        parts.append(rest.logits)
+    return torch.cat(parts, dim=1).float() / temperature
 
 
 def gather_logprobs(logits: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
