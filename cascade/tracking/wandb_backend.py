@@ -61,7 +61,7 @@ class WandbBackend:
             config=ctx.config,
             allow_val_change=True,
             reinit="create_new",
-            settings=wandb.Settings(console="off", save_code=False),
+            settings=wandb.Settings(console="off", save_code=False, quiet=True),
         )
         return {"id": run_id, "project": project, "entity": s.entity, "mode": s.mode, "dir": str(wandb_dir)}
 
