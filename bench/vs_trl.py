@@ -15,21 +15,25 @@ at 1, completions cut by the budget masked out of the loss (Cascade `overlong: m
 `mask_truncated_completions`), one optimizer step per generation. Token-level loss: Cascade's
 `token` aggregation (each group's token sum over its token count, averaged over groups); TRL
 has no per-group form, its closest is `dapo` (token sum over the batch's token count; with one
-process and no accumulation the same as `bnpo`). Cascade drops zero-variance groups from the
-loss as its stage default does (`filter.drop_zero_variance`; their gradient is 0 either way),
-and the report says how many sequences it kept.
+process and no accumulation the same as `bnpo`).
+
+Cascade runs twice, as two workers: `cascade` with its stage defaults, which drop groups whose
+rewards are all equal from the loss (`filter.drop_zero_variance`; their advantages, hence their
+gradient, are 0 on every side, but TRL still runs them through the forward and backward), and
+`cascade_all_groups`, which puts every sequence through the loss as TRL does (the same work,
+row for row). The report has a speedup for each and the mean number of sequences kept.
 
 How it is run: each trainer lives in its own subprocess (its own imports, allocator and peak
-RSS; neither warms the other's caches), and this process steps them in turn, one step each,
-alternating which goes first (ABAB... with the order swapped every round), so machine load
-hits both alike. A worker times its step from the moment it is told to go until the update is
-applied: wall time and the process's CPU time (CPU time is far less sensitive to other jobs on
-the machine). Both run `torch.set_num_threads(--threads)`. TRL's step is everything inside
-`Trainer.training_step` plus the optimizer and scheduler step (between the `on_step_begin` and
-`on_step_end` callbacks: generation, reward, the loss forward/backward, clipping, the update);
+RSS; none warms another's caches), and this process steps them in turn, one step each,
+rotating which goes first every step, so machine load hits all alike. A worker times its step
+from the moment it is told to go until the update is applied: wall time and the process's CPU
+time (far less sensitive to other jobs on the machine). All run
+`torch.set_num_threads(--threads)` (1 by default: the model is tiny, the machine small and
+shared). TRL's step is everything between its `on_step_begin` and `on_step_end` callbacks
+(generation, reward, the loss forward/backward, clipping, the optimizer and scheduler step);
 Cascade's is the embedded step: encode the step's prompts, `generate_and_score`, the batch
 merge, `rl_term`, `apply_update` (the stage loop's own bookkeeping, such as metrics rows, is
-left out, as TRL's logging is).
+left out, as TRL's logging is). Medians leave out the first two steps (first-call costs).
 """
 
 from __future__ import annotations
@@ -352,14 +356,30 @@ def _summary(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> dict[str, flo
     return out
 
 
+KINDS = ("trl", "cascade", "cascade_all_groups")
+"""`cascade`: the stage defaults (zero-variance groups dropped from the loss);
+`cascade_all_groups`: every sequence through the loss, as TRL does (the same work row for row)."""
+
+
+def _speedups(t: dict[str, float], c: dict[str, float]) -> dict[str, float]:
+    """How many times faster Cascade's medians are than TRL's (TRL time / Cascade time)."""
+    return {
+        "step_wall": t["median_wall_s"] / c["median_wall_s"],
+        "step_cpu": t["median_cpu_s"] / c["median_cpu_s"],
+        "generate": t["median_generate_s"] / c["median_generate_s"],
+        "generate_and_reward": (t["median_generate_s"] + t["median_reward_s"])
+        / (c["median_generate_s"] + c["median_reward_s"]),
+        "learner": t["median_learner_s"] / c["median_learner_s"],
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="models/tiny")
     ap.add_argument("--steps", type=int, default=100)
-    ap.add_argument("--threads", type=int, default=1, help="torch threads in each worker (equal for both)")
-    ap.add_argument("--keep-zero-variance", action="store_true", help="Cascade trains on all groups too")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads in each worker (equal for all)")
     ap.add_argument("--out", default="bench/results/vs_trl.json")
-    ap.add_argument("--worker", choices=["trl", "cascade"], help=argparse.SUPPRESS)
+    ap.add_argument("--worker", choices=KINDS, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         import torch
@@ -368,7 +388,7 @@ def main() -> None:
         if args.worker == "trl":
             trl_worker(args.model, args.steps)
         else:
-            cascade_worker(args.model, args.steps, args.keep_zero_variance)
+            cascade_worker(args.model, args.steps, keep_zero_variance=args.worker == "cascade_all_groups")
         return
 
     if not (Path(args.model) / "config.json").exists():
@@ -376,51 +396,48 @@ def main() -> None:
             f"{args.model}: no model; run `cascade model init --out {args.model}` (make bench-trl does)"
         )
     argv = ["--model", args.model, "--steps", str(args.steps), "--threads", str(args.threads)]
-    if args.keep_zero_variance:
-        argv.append("--keep-zero-variance")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     logs = Path(tempfile.mkdtemp(prefix="vs_trl-logs-"))
     load_start = os.getloadavg()
-    workers = {k: Worker(k, argv, logs / f"{k}.log") for k in ("cascade", "trl")}
+    workers = {k: Worker(k, argv, logs / f"{k}.log") for k in KINDS}
     ready = {k: w.read() for k, w in workers.items()}
-    rows: dict[str, list[dict[str, Any]]] = {"cascade": [], "trl": []}
+    rows: dict[str, list[dict[str, Any]]] = {k: [] for k in KINDS}
     t0 = time.perf_counter()
     for step in range(args.steps):
-        order = ("cascade", "trl") if step % 2 == 0 else ("trl", "cascade")
-        for kind in order:
+        shift = step % len(KINDS)  # who goes first rotates every step
+        for kind in KINDS[shift:] + KINDS[:shift]:
             rows[kind].append(workers[kind].go())
-        c, t = rows["cascade"][-1], rows["trl"][-1]
         print(
-            f"step {step:3d}  cascade {c['wall_s']:.3f}s (gen {c['generate_s']:.3f}) reward {c['reward']:.3f}"
-            f"  |  trl {t['wall_s']:.3f}s (gen {t['generate_s']:.3f}) reward {t['reward']:.3f}",
+            f"step {step:3d}  "
+            + "  |  ".join(
+                f"{k} {rows[k][-1]['wall_s']:.3f}s (gen {rows[k][-1]['generate_s']:.3f}) "
+                f"reward {rows[k][-1]['reward']:.3f}"
+                for k in KINDS
+            ),
             flush=True,
         )
     finals = {k: w.finish() for k, w in workers.items()}
     load_end = os.getloadavg()
     keys = ("wall_s", "cpu_s", "generate_s", "reward_s", "learner_s")
-    summary = {k: _summary(rows[k], keys) for k in rows}
-    for k in summary:
+    summary = {k: _summary(rows[k], keys) for k in KINDS}
+    for k in KINDS:
         summary[k]["peak_rss_mb"] = finals[k]["peak_rss_mb"]
         summary[k]["rss_after_setup_mb"] = ready[k]["rss_mb"]
-    summary["cascade"]["mean_kept_sequences"] = statistics.fmean(r["kept_sequences"] for r in rows["cascade"])
-    c, t = summary["cascade"], summary["trl"]
+        if k != "trl":
+            summary[k]["mean_kept_sequences"] = statistics.fmean(r["kept_sequences"] for r in rows[k])
+    t = summary["trl"]
     result = {
         "what": (
             "one GRPO step (16 prompts x 8 completions, <= 24 new tokens, math reward, token-level loss, "
-            "no KL, AdamW) on the tiny model on a CPU; TRL GRPOTrainer vs Cascade's embedded step, "
-            "alternating in lockstep, each in its own process"
+            "no KL, AdamW) on the tiny model on a CPU: TRL's GRPOTrainer vs Cascade's embedded step, "
+            "stepped in lockstep, each in its own process; speedup = TRL median / Cascade median"
         ),
         "steps": args.steps,
         "medians_skip_first": SKIP,
-        "speedup_step_wall": t["median_wall_s"] / c["median_wall_s"],
-        "speedup_step_cpu": t["median_cpu_s"] / c["median_cpu_s"],
-        "speedup_generate": t["median_generate_s"] / c["median_generate_s"],
-        "speedup_generate_and_reward": (t["median_generate_s"] + t["median_reward_s"])
-        / (c["median_generate_s"] + c["median_reward_s"]),
-        "speedup_learner": t["median_learner_s"] / c["median_learner_s"],
-        "cascade": c,
-        "trl": t,
+        "speedup": _speedups(t, summary["cascade"]),
+        "speedup_all_groups": _speedups(t, summary["cascade_all_groups"]),
+        **summary,
         "settings": {
             "model": args.model,
             "prompts_per_step": PROMPTS_PER_STEP,
@@ -432,8 +449,9 @@ def main() -> None:
             "clip": [0.2, 0.28],
             "cascade_loss_aggregation": "token (per-group token mean, averaged over groups)",
             "trl_loss_type": "dapo (token sum / tokens in the batch; = bnpo with one process)",
-            "cascade_drop_zero_variance": not args.keep_zero_variance,
-            "truncated_completions": "masked out of the loss on both sides",
+            "cascade": "stage defaults: zero-variance groups dropped from the loss (their gradient is 0)",
+            "cascade_all_groups": "every sequence through the loss forward/backward, as TRL does",
+            "truncated_completions": "masked out of the loss on every side",
             "torch_threads": args.threads,
             "versions": {k: ready["trl"][k] for k in ("trl", "transformers", "torch")},
         },
@@ -443,20 +461,23 @@ def main() -> None:
             "loadavg_end": load_end,
             "wall_s": time.perf_counter() - t0,
             "note": (
-                "a shared machine: other jobs ran alongside; the two trainers alternate step by step, so "
-                "load hits both alike, and CPU-time medians (speedup_step_cpu) are less load-sensitive"
+                "a shared machine: other jobs ran alongside; the trainers take turns step by step, so "
+                "load hits all alike, and CPU-time medians (step_cpu) are less load-sensitive"
             ),
         },
         "per_step": rows,
     }
     out.write_text(json.dumps(result, indent=1))
-    print(
-        f"step: cascade {c['median_wall_s']:.3f}s, trl {t['median_wall_s']:.3f}s -> Cascade "
-        f"{result['speedup_step_wall']:.2f}x faster (CPU time {result['speedup_step_cpu']:.2f}x); "
-        f"generation {result['speedup_generate']:.2f}x, learner {result['speedup_learner']:.2f}x; "
-        f"reward first/last 10: cascade {c['reward_first10']:.3f}/{c['reward_last10']:.3f}, "
-        f"trl {t['reward_first10']:.3f}/{t['reward_last10']:.3f}; wrote {out}"
-    )
+    for k in ("cascade", "cascade_all_groups"):
+        sp, c = result["speedup" if k == "cascade" else "speedup_all_groups"], summary[k]
+        print(
+            f"{k}: step {c['median_wall_s']:.3f}s vs trl {t['median_wall_s']:.3f}s -> "
+            f"{sp['step_wall']:.2f}x faster (CPU time {sp['step_cpu']:.2f}x; "
+            f"generation {sp['generate']:.2f}x, learner {sp['learner']:.2f}x); "
+            f"reward first/last 10 {c['reward_first10']:.3f}/"
+            f"{c['reward_last10']:.3f} (trl {t['reward_first10']:.3f}/{t['reward_last10']:.3f})"
+        )
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":
