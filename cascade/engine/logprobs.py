@@ -40,8 +40,8 @@ def completion_logits(model: PreTrainedModel, batch: SequenceBatch, temperature:
         position_ids=batch.position_ids[first, :p],
         cache=cache,
         use_cache=True,
-        logits_to_keep=1,
-    )
+    )  # all positions' logits: with `logits_to_keep=1` the lm_head reads a strided slice, whose
+    # rounding depends on whether the weights require grad (a policy and its frozen copy would differ)
     parts = [prefix.logits[:, -1:, :].index_select(0, rows)]  # predicts completion token 0
     if c > 1:
         cache.batch_select_indices(rows)

@@ -8,6 +8,8 @@ every architecture the decoder supports.
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from transformers import (
@@ -183,3 +185,18 @@ def test_inverse_cdf_draws_in_proportion() -> None:
     freq = torch.bincount(draws, minlength=4).float() / n
     assert freq[1] == 0
     torch.testing.assert_close(freq, probs, atol=0.01, rtol=0)
+
+
+def test_shared_prompt_forward_is_bitwise_the_same_for_a_frozen_copy() -> None:
+    """A policy (weights that require grad) and its frozen copy (KL reference, teacher) give the
+    same bits: at a stage's first step the policy is its reference, KL and its gradient exactly 0."""
+    model = _model("qwen3")
+    frozen = copy.deepcopy(model)
+    for p in frozen.parameters():
+        p.requires_grad_(False)
+    prompts = _prompts()
+    gen = _sample(model, prompts, [10**6])
+    sb = build_batch(prompts, gen.completion_ids, PAD)
+    with torch.no_grad():
+        assert torch.equal(completion_logits(model, sb), completion_logits(frozen, sb))
+    assert torch.equal(completion_logits(model.train(), sb).detach(), completion_logits(frozen, sb))
