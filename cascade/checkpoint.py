@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -63,16 +64,23 @@ def save_checkpoint(
     path: Path,
     *,
     policy: Policy,
-    optimizer: torch.optim.Optimizer,
+    optimizer: torch.optim.Optimizer | None,
     generator: torch.Generator,
     runner_state: dict[str, Any],
+    write_shards: Callable[[Path], None] | None = None,
 ) -> None:
+    """`optimizer` None: its state is written by `write_shards(directory)` (a sharded learner's
+    ranks each write theirs), or there is none (between stages)."""
     tmp = path.with_name(path.name + ".tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
     save_model_dir(policy, tmp)
-    tensors, meta = _optimizer_tensors(optimizer)
-    save_file(tensors, str(tmp / OPTIM_FILE))
+    meta: dict[str, Any] | None = None
+    if optimizer is not None:
+        tensors, meta = _optimizer_tensors(optimizer)
+        save_file(tensors, str(tmp / OPTIM_FILE))
+    if write_shards is not None:
+        write_shards(tmp)
     save_file(
         {"generator": generator.get_state(), "torch_cpu": torch.get_rng_state()},
         str(tmp / RNG_FILE),

@@ -113,10 +113,40 @@ def cmd_run(args: argparse.Namespace) -> int:
     from cascade.config import with_tracking
 
     cfg = with_tracking(cfg, args.track)
+    if args.nproc < 1:
+        return _fail("--nproc must be at least 1")
+    from cascade.accel import DeviceError, resolve_learner
+    from cascade.parallel.launch import (
+        follow_driver,
+        launched_world,
+        relaunch,
+        release,
+        start_rank,
+        without_option,
+    )
+
+    try:
+        accel = resolve_learner(cfg.learner, cfg.model.dtype)
+    except DeviceError as err:
+        return _fail(str(err))
+    if launched_world().sharded:
+        world, accel = start_rank(accel)
+        if not world.driver:
+            return follow_driver(world, accel, cfg.model.dtype)
     run_dir = _run_dir(args, cfg)
     flags_error = _resolve_run_flags(args, run_dir)
     if flags_error is not None:
         return _fail(flags_error)
+    if args.nproc > 1 and not launched_world().sharded:
+        argv = without_option(args.argv, "--nproc") + (["--yes"] if args.fresh and not args.yes else [])
+        return relaunch(args.nproc, "cascade.cli", argv)  # --fresh was confirmed here already
+    try:
+        return _run_embedded(args, cfg, run_dir, launched_world())
+    finally:
+        release(launched_world())
+
+
+def _run_embedded(args: argparse.Namespace, cfg, run_dir: Path, world) -> int:
     from cascade.config import check_paths
 
     missing = check_paths(cfg)
@@ -143,6 +173,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         runner = embedded_runner(
             cfg,
             run_dir=run_dir,
+            world=world,
             db_url=args.db,
             distill=not args.no_distill,
             resume=args.resume,
@@ -252,6 +283,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         return _fail(flags_error)
     if args.rollout_replicas < 1:
         return _fail("--rollout-replicas must be at least 1")
+    if args.learner_ranks < 1:
+        return _fail("--learner-ranks must be at least 1")
     stack = LocalStack(
         config=Path(args.config).resolve(),
         model=cfg.model.path.resolve(),
@@ -262,6 +295,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         stream_prefix=args.stream_prefix or f"cascade:{cfg.name}:{uuid.uuid4().hex[:8]}",
         workers=args.workers,
         rollout_replicas=args.rollout_replicas,
+        learner_ranks=args.learner_ranks,
         celery_workers=args.celery_workers,
         fresh=args.fresh,
         resume=args.resume,
@@ -358,6 +392,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="experiment tracking: tensorboard,mlflow,wandb (any of them) or none; replaces the config's "
         "tracking.backends",
     )
+    p.add_argument(
+        "--nproc",
+        type=int,
+        default=1,
+        help="train on N ranks of this host (torchrun; the policy sharded with FSDP2; default: 1)",
+    )
     p.add_argument("--stop-after-steps", type=int, help="checkpoint and stop after N steps (resume later)")
     p.add_argument("--cascade-id", type=int, help="run a cascade created through the control plane (in --db)")
     p.add_argument(
@@ -379,6 +419,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=1,
         help="rollout service processes: weights pushed to all, requests spread over them (default: 1)",
+    )
+    p.add_argument(
+        "--learner-ranks",
+        type=int,
+        default=1,
+        help="learner processes (torchrun on this host; the policy sharded with FSDP2; default: 1)",
     )
     p.add_argument("--resume", action="store_true", help="continue from the run's last checkpoint")
     p.add_argument("--fresh", action="store_true", help="delete the run directory first (asks; see --yes)")
@@ -446,6 +492,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     return int(args.func(args))
 
 

@@ -11,6 +11,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
+from torch.distributed.tensor import DTensor
 from transformers import PreTrainedModel
 
 from cascade.algo import (
@@ -25,6 +26,7 @@ from cascade.algo import (
     topk_distill_loss,
     zero_variance_mask,
 )
+from cascade.algo.masking import SumOverRanks
 from cascade.config import DistillConfig, GrpoConfig
 from cascade.engine.batch import SequenceBatch, build_batch
 from cascade.engine.logprobs import completion_logits, completion_logprobs, gather_logprobs
@@ -76,17 +78,50 @@ def check_verifier_failures(batch: RolloutBatch, bound: float, *, top: int = 3) 
     return fraction
 
 
-def rl_term(
-    model: PreTrainedModel,
-    batch: RolloutBatch,
-    cfg: GrpoConfig,
-    *,
-    pad_id: int,
-    current_version: int,
-    drop_zero_variance: bool,
-    ref_model: PreTrainedModel | None = None,
-) -> LossTerm:
-    """GRPO loss over the groups of `batch` that carry signal.
+@dataclass
+class RlPlan:
+    """The RL term's rows, chosen from the whole batch before any forward pass (advantages and
+    the zero-variance filter need every group): each kept sequence with its group, advantage and
+    behaviour log-probs. `metrics` describe the whole batch. A sharded learner gives each rank a
+    `share` of whole groups."""
+
+    metrics: dict[str, float]
+    prompt_ids: list[list[int]]
+    completion_ids: list[list[int]]
+    group_ids: list[int]
+    advantages: list[float]
+    old_logprobs: list[list[float]] | None
+    """None: the batch is on-policy (made by the weights being trained)."""
+    temperature: float
+    global_rows: int
+    """Rows of the whole plan (a share's own rows may be none while other ranks have some)."""
+
+    @property
+    def empty(self) -> bool:
+        return not self.group_ids
+
+    def share(self, rank: int, size: int) -> RlPlan:
+        """Rank `rank`'s part of the rows: a contiguous block of whole groups (groups differ in
+        size after filtering, so blocks are cut by group, never inside one)."""
+        groups = sorted(set(self.group_ids))
+        mine = set(groups[len(groups) * rank // size : len(groups) * (rank + 1) // size])
+        rows = [i for i, gid in enumerate(self.group_ids) if gid in mine]
+        return RlPlan(
+            metrics=self.metrics,
+            prompt_ids=[self.prompt_ids[i] for i in rows],
+            completion_ids=[self.completion_ids[i] for i in rows],
+            group_ids=[self.group_ids[i] for i in rows],
+            advantages=[self.advantages[i] for i in rows],
+            old_logprobs=None if self.old_logprobs is None else [self.old_logprobs[i] for i in rows],
+            temperature=self.temperature,
+            global_rows=self.global_rows,
+        )
+
+
+def plan_rl(
+    batch: RolloutBatch, cfg: GrpoConfig, *, current_version: int, drop_zero_variance: bool
+) -> RlPlan:
+    """Which sequences the GRPO term trains on, with their advantages.
 
     Samples whose verifier failed take no part in their group's statistics and get no
     gradient; a step with more of them than `cfg.max_verifier_failure_fraction` raises
@@ -114,36 +149,90 @@ def rl_term(
         "staleness": float(current_version - batch.policy_version),
     }
     idx = torch.nonzero(keep).flatten().tolist()
-    if not idx:
+    return RlPlan(
+        metrics=metrics,
+        prompt_ids=[batch.prompt_ids[i] for i in idx],
+        completion_ids=[batch.completion_ids[i] for i in idx],
+        group_ids=[i // g for i in idx],
+        advantages=adv[idx].tolist(),
+        old_logprobs=None if batch.policy_version == current_version else [batch.logprobs[i] for i in idx],
+        temperature=batch.temperature,
+        global_rows=len(idx),
+    )
+
+
+def placeholder_batch(pad_id: int) -> SequenceBatch:
+    """One padding token with nothing counted: the forward pass of a rank whose share of a term
+    is empty (every rank of a sharded model must run each forward and backward together)."""
+    sb = build_batch([[pad_id]], [[pad_id]], pad_id)
+    sb.completion_mask.zero_()
+    return sb
+
+
+def rl_loss(
+    model: PreTrainedModel,
+    plan: RlPlan,
+    cfg: GrpoConfig,
+    *,
+    pad_id: int,
+    ref_model: PreTrainedModel | None = None,
+    reduce: SumOverRanks | None = None,
+) -> LossTerm:
+    """GRPO loss over `plan`'s rows; None when the plan is empty (nothing to learn from).
+
+    With `reduce` the plan is one rank's share: every rank must call this, empty share or not."""
+    metrics = dict(plan.metrics)
+    if plan.global_rows == 0:
         return LossTerm(None, metrics)
     device = model.device  # every tensor of the loss lives where the model does
-    sb = build_batch([batch.prompt_ids[i] for i in idx], [batch.completion_ids[i] for i in idx], pad_id)
-    sb = sb.to(device)
-    logp = completion_logprobs(model, sb, batch.temperature)
+    if plan.empty:
+        sb = placeholder_batch(pad_id).to(device)
+        advantages, group_ids = torch.zeros(1), torch.zeros(1, dtype=torch.long)
+    else:
+        sb = build_batch(plan.prompt_ids, plan.completion_ids, pad_id).to(device)
+        advantages, group_ids = torch.tensor(plan.advantages), torch.tensor(plan.group_ids)
+    logp = completion_logprobs(model, sb, plan.temperature)
     width = sb.completion_ids.shape[1]
     old = None
-    if batch.policy_version != current_version:
-        old = _padded_logprobs([batch.logprobs[i] for i in idx], width).to(device)
+    if plan.old_logprobs is not None:
+        rows = plan.old_logprobs if not plan.empty else [[0.0]]
+        old = _padded_logprobs(rows, width).to(device)
     ref = None
     if cfg.kl_coef > 0 and ref_model is not None:
         with torch.no_grad():
-            ref = completion_logprobs(ref_model, sb, batch.temperature)
+            ref = completion_logprobs(ref_model, sb, plan.temperature)
     out = grpo_loss(
         GrpoLossInput(
             logprobs=logp,
-            advantages=adv[idx].to(device),
+            advantages=advantages.to(device),
             mask=sb.completion_mask,
-            group_ids=torch.tensor([i // g for i in idx]).to(device),
+            group_ids=group_ids.to(device),
             old_logprobs=old,
             ref_logprobs=ref,
             aggregation=cfg.loss_aggregation,
             clip_eps_low=cfg.clip_eps_low,
             clip_eps_high=cfg.clip_eps_high,
             kl_coef=cfg.kl_coef,
+            reduce=reduce,
         )
     )
     metrics.update({f"grpo_{k}": v for k, v in out.metrics.items()})
     return LossTerm(out.loss, metrics)
+
+
+def rl_term(
+    model: PreTrainedModel,
+    batch: RolloutBatch,
+    cfg: GrpoConfig,
+    *,
+    pad_id: int,
+    current_version: int,
+    drop_zero_variance: bool,
+    ref_model: PreTrainedModel | None = None,
+) -> LossTerm:
+    """GRPO loss over the groups of `batch` that carry signal (`plan_rl`, then `rl_loss`)."""
+    plan = plan_rl(batch, cfg, current_version=current_version, drop_zero_variance=drop_zero_variance)
+    return rl_loss(model, plan, cfg, pad_id=pad_id, ref_model=ref_model)
 
 
 @dataclass
@@ -186,6 +275,21 @@ class TeacherTokens:
             topk_ids=move(self.topk_ids),
             topk_logprobs=move(self.topk_logprobs),
             logprobs_t1=move(self.logprobs_t1),
+        )
+
+    def rows(self, lo: int, hi: int, width: int) -> TeacherTokens:
+        """Sequences `lo:hi`, cut to `width` completion positions (a share's own layout; the
+        cut positions are padding for every one of its rows)."""
+
+        def cut(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t[lo:hi, :width].contiguous()
+
+        return TeacherTokens(
+            logprobs=cut(self.logprobs),
+            logits=cut(self.logits),
+            topk_ids=cut(self.topk_ids),
+            topk_logprobs=cut(self.topk_logprobs),
+            logprobs_t1=cut(self.logprobs_t1),
         )
 
 
@@ -260,9 +364,11 @@ def distill_loss_term(
     teacher: TeacherTokens,
     samples: DistillSamples,
     cfg: DistillConfig,
+    reduce: SumOverRanks | None = None,
 ) -> LossTerm:
     """The distillation loss of the student (`model`) against a teacher's tokens, computed on the
-    student's device (the batch and the teacher's tokens are moved there)."""
+    student's device (the batch and the teacher's tokens are moved there). With `reduce`, the
+    rows are one rank's share and the loss and metrics are global (see `SumOverRanks`)."""
     device = model.device
     sb, teacher = sb.to(device), teacher.to(device)
     t = cfg.temperature
@@ -278,6 +384,7 @@ def distill_loss_term(
                 teacher_logprobs=teacher.logprobs,
                 mask=sb.completion_mask,
                 rollout_logprobs=rollout,
+                reduce=reduce,
             )
         )
     else:
@@ -291,6 +398,7 @@ def distill_loss_term(
                     teacher_logits=teacher.logits,
                     mask=sb.completion_mask,
                     temperature=t,
+                    reduce=reduce,
                 )
             )
             teacher_lp = gather_logprobs(teacher.logits, sb.completion_ids)
@@ -303,6 +411,7 @@ def distill_loss_term(
                     teacher_topk_logprobs=teacher.topk_logprobs,
                     mask=sb.completion_mask,
                     temperature=t,
+                    reduce=reduce,
                 )
             )
             teacher_lp = teacher.logprobs_t1
@@ -310,17 +419,39 @@ def distill_loss_term(
             with torch.no_grad():
                 student_lp = gather_logprobs(student_logits, sb.completion_ids)
                 m = sb.completion_mask
-                kl = ((student_lp - teacher_lp) * m).sum() / m.sum().clamp(min=1)
+                if reduce is None:
+                    kl = ((student_lp - teacher_lp) * m).sum() / m.sum().clamp(min=1)
+                else:
+                    kl = reduce(((student_lp - teacher_lp) * m).sum()) / reduce(m.sum()).clamp(min=1)
                 out.metrics["reverse_kl"] = float(kl)
     return LossTerm(out.loss, {f"distill_{samples.teacher}_{k}": v for k, v in out.metrics.items()})
 
 
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a sharded (DTensor) parameter or gradient; a plain tensor as is."""
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
 def _grad_snapshot(params: list[torch.nn.Parameter]) -> list[torch.Tensor]:
-    return [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in params]
+    return [
+        _local(p.grad).detach().clone() if p.grad is not None else torch.zeros_like(_local(p)) for p in params
+    ]
 
 
-def _norm(tensors: list[torch.Tensor]) -> float:
-    return float(torch.sqrt(torch.stack([(t.float() ** 2).sum() for t in tensors]).sum()))
+def _norm(tensors: list[torch.Tensor], reduce: SumOverRanks | None = None) -> float:
+    squares = torch.stack([(t.float() ** 2).sum() for t in tensors]).sum()
+    return float(torch.sqrt(squares if reduce is None else reduce(squares)))
+
+
+def _clip_sharded(params: list[torch.nn.Parameter], max_norm: float, reduce: SumOverRanks) -> float:
+    """`clip_grad_norm_` over gradients sharded across ranks: the norm of the whole gradient
+    (every rank's shards), the same scale applied on every rank."""
+    grads = [_local(p.grad) for p in params if p.grad is not None]
+    total = _norm(grads, reduce)
+    scale = min(max_norm / (total + 1e-6), 1.0)
+    for g in grads:
+        g.mul_(scale)
+    return total
 
 
 def apply_update(
@@ -332,26 +463,39 @@ def apply_update(
     lam: float,
     max_grad_norm: float,
     lr: float,
+    reduce: SumOverRanks | None = None,
 ) -> dict[str, float]:
-    """Backpropagate both terms, clip, step. Returns gradient-norm metrics."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer.zero_grad(set_to_none=True)
+    """Backpropagate both terms, clip, step. Returns gradient-norm metrics. With `reduce`, the
+    model is sharded and each term is this rank's part of the global loss: norms, clipping and
+    the reported losses are over all ranks."""
+    total = reduce or (lambda t: t)
+
+    def trained() -> list[torch.nn.Parameter]:
+        # read after each backward: between a forward and its backward, FSDP2's root module
+        # holds unsharded parameters in place of the sharded ones the optimizer updates
+        return [p for p in model.parameters() if p.requires_grad]
+
+    if reduce is None:
+        # A sharded model's gradients are cleared before its forward passes (`run_update`):
+        # after a forward, FSDP2's root holds unsharded parameters, and clearing those would
+        # leave the sharded gradients of the last step to accumulate into this one.
+        optimizer.zero_grad(set_to_none=True)
     metrics: dict[str, float] = {"lr": lr, "lambda": lam}
     rl_norm = 0.0
     rl_grads: list[torch.Tensor] | None = None
     if rl.loss is not None:
         rl.loss.backward()
-        rl_grads = _grad_snapshot(params)
-        rl_norm = _norm(rl_grads)
-        metrics["loss_rl"] = float(rl.loss.detach())
+        rl_grads = _grad_snapshot(trained())
+        rl_norm = _norm(rl_grads, reduce)
+        metrics["loss_rl"] = float(total(rl.loss.detach()))
     distill_losses = [w * term.loss for w, term in distill if term.loss is not None]
     if distill_losses and lam > 0:
         total_distill = torch.stack(distill_losses).sum()
         (lam * total_distill).backward()
-        after = _grad_snapshot(params)
+        after = _grad_snapshot(trained())
         d_grads = after if rl_grads is None else [a - b for a, b in zip(after, rl_grads, strict=True)]
-        d_norm = _norm(d_grads)
-        metrics["loss_distill"] = float(total_distill.detach())
+        d_norm = _norm(d_grads, reduce)
+        metrics["loss_distill"] = float(total(total_distill.detach()))
         metrics["grad_norm_distill"] = d_norm
         if rl_norm > 0:
             metrics["grad_norm_ratio_distill_rl"] = d_norm / rl_norm
@@ -361,7 +505,10 @@ def apply_update(
         return metrics
     for group in optimizer.param_groups:
         group["lr"] = lr
-    metrics["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm))
+    if reduce is None:
+        metrics["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(trained(), max_grad_norm))
+    else:
+        metrics["grad_norm"] = _clip_sharded(trained(), max_grad_norm, reduce)
     optimizer.step()
     metrics["skipped_update"] = 0.0
     return metrics

@@ -35,6 +35,7 @@ def free_port() -> int:
 def _replica_no(name: str) -> int:
     return 0 if name == "rollout" else int(name.rsplit("-", 1)[1])
 
+
 @dataclass
 class Proc:
     name: str
@@ -123,6 +124,8 @@ class LocalStack:
     follow: bool = True
     distill: bool = True
     nice: int = 0
+    learner_ranks: int = 1
+    """Ranks of the learner (> 1: torchrun, the policy sharded with FSDP2)."""
     track: list[str] | None = None
     """`--track` for the learner (None: the config's `tracking.backends`)."""
     claim_idle_ms: int = 30_000
@@ -190,7 +193,7 @@ class LocalStack:
         return proc
 
     def start_learner(self) -> Proc:
-        argv = [self.python, "-m", "services.learner.main", str(self.config), "--run-dir", str(self.run_dir)]
+        argv = [str(self.config), "--run-dir", str(self.run_dir)]
         argv += ["--redis-url", self.redis_url, "--stream-prefix", self.stream_prefix]
         argv += ["--rollout", self.rollout_addresses(), "--teacher", self.procs["teacher"].address]
         metrics = free_port()
@@ -209,6 +212,12 @@ class LocalStack:
             argv.append("--no-distill")
         if self.track is not None:
             argv += ["--track", ",".join(self.track) or "none"]
+        if self.learner_ranks > 1:  # the policy sharded over ranks of this host (torchrun)
+            from cascade.parallel.launch import torchrun_argv
+
+            argv = torchrun_argv(self.learner_ranks, "services.learner.main", argv, python=self.python)
+        else:
+            argv = [self.python, "-m", "services.learner.main", *argv]
         proc = Proc("learner", argv, self.log_dir / "learner.log", metrics_port=metrics)
         self.procs["learner"] = proc
         proc.start(self._env(), self.nice)

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from cascade.algo.masking import keep, masked_token_mean, token_mask
+from cascade.algo.masking import SumOverRanks, keep, masked_token_mean, token_mask
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,7 @@ class FullDistillInput:
     teacher_logits: Tensor
     mask: Tensor
     temperature: float = 1.0
+    reduce: SumOverRanks | None = None
 
     def __post_init__(self) -> None:
         if self.student_logits.dim() != 3:
@@ -79,10 +80,11 @@ def full_distill_loss(inp: FullDistillInput) -> DistillLossOutput:
     student_lp = F.log_softmax(keep(inp.student_logits, m3) / t, dim=-1)  # [B, T, V]
     teacher_lp = F.log_softmax(keep(inp.teacher_logits.detach(), m3) / t, dim=-1)  # [B, T, V]
     kl = (teacher_lp.exp() * (teacher_lp - student_lp)).sum(dim=-1)  # [B, T]
-    kl_mean = masked_token_mean(kl, m)
+    kl_mean = masked_token_mean(kl, m, inp.reduce)
+    total = inp.reduce or (lambda x: x)
     return DistillLossOutput(
         loss=kl_mean * t**2,
-        metrics={"kl": float(kl_mean.item()), "n_tokens": float(m.sum().item())},
+        metrics={"kl": float(total(kl_mean.detach()).item()), "n_tokens": float(total(m.sum()).item())},
     )
 
 
@@ -99,6 +101,7 @@ class TopkDistillInput:
     teacher_topk_logprobs: Tensor
     mask: Tensor
     temperature: float = 1.0
+    reduce: SumOverRanks | None = None
 
     def __post_init__(self) -> None:
         if self.student_logits.dim() != 3:
@@ -135,10 +138,11 @@ def topk_distill_loss(inp: TopkDistillInput) -> DistillLossOutput:
     student_lp = F.log_softmax(keep(inp.student_logits, m3) / t, dim=-1).gather(-1, ids)  # [B, T, k]
     teacher_hat = F.log_softmax(keep(inp.teacher_topk_logprobs.detach(), m3) / t, dim=-1)  # [B, T, k]
     kl = (teacher_hat.exp() * (teacher_hat - student_lp)).sum(dim=-1)  # [B, T]
-    kl_mean = masked_token_mean(kl, m)
+    kl_mean = masked_token_mean(kl, m, inp.reduce)
+    total = inp.reduce or (lambda x: x)
     return DistillLossOutput(
         loss=kl_mean * t**2,
-        metrics={"kl": float(kl_mean.item()), "n_tokens": float(m.sum().item())},
+        metrics={"kl": float(total(kl_mean.detach()).item()), "n_tokens": float(total(m.sum()).item())},
     )
 
 
@@ -157,6 +161,7 @@ class SampledDistillInput:
     rollout_logprobs: Tensor | None = None
     min_weight: float = 0.5
     max_weight: float = 2.0
+    reduce: SumOverRanks | None = None
 
     def __post_init__(self) -> None:
         if self.student_logprobs.dim() != 2:
@@ -188,15 +193,16 @@ def sampled_distill_loss(inp: SampledDistillInput) -> DistillLossOutput:
         weight = torch.exp(student.detach() - rollout)
     kept = m & (weight >= inp.min_weight) & (weight <= inp.max_weight)
     advantage = (teacher - student).detach()
-    loss = masked_token_mean(-(weight * advantage) * student, kept)
+    loss = masked_token_mean(-(weight * advantage) * student, kept, inp.reduce)
 
-    n_tokens = int(m.sum().item())
-    reverse_kl = float(keep(-advantage, m).sum().item()) / max(n_tokens, 1)
+    total = inp.reduce or (lambda x: x)
+    n_tokens = int(total(m.sum()).item())
+    reverse_kl = float(total(keep(-advantage, m).sum()).item()) / max(n_tokens, 1)
     return DistillLossOutput(
         loss=loss,
         metrics={
             "reverse_kl": reverse_kl,
-            "kept_fraction": float(kept.sum().item()) / max(n_tokens, 1),
+            "kept_fraction": float(total(kept.sum()).item()) / max(n_tokens, 1),
             "n_tokens": float(n_tokens),
         },
     )

@@ -21,7 +21,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from cascade.algo.masking import keep, token_mask
+from cascade.algo.masking import SumOverRanks, keep, token_mask
 
 Aggregation = Literal["token", "sequence"]
 
@@ -48,6 +48,7 @@ class GrpoLossInput:
     clip_eps_low: float = 0.2
     clip_eps_high: float = 0.28
     kl_coef: float = 0.0
+    reduce: SumOverRanks | None = None
 
     def __post_init__(self) -> None:
         if self.logprobs.dim() != 2:
@@ -94,23 +95,34 @@ def k3_kl(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
     return torch.exp(log_r) - log_r - 1.0
 
 
-def _aggregate(per_token: Tensor, m: Tensor, group_ids: Tensor, aggregation: Aggregation) -> Tensor:
-    """Reduce a masked per-token loss [B, T] (zeros where `m` is False) to a scalar."""
+def _aggregate(
+    per_token: Tensor,
+    m: Tensor,
+    group_ids: Tensor,
+    aggregation: Aggregation,
+    reduce: SumOverRanks | None = None,
+) -> Tensor:
+    """Reduce a masked per-token loss [B, T] (zeros where `m` is False) to a scalar.
+
+    With `reduce`, the rows are one rank's share of whole groups: the result is this share's
+    part of the global value (its per-unit sum over the global number of units), so the ranks'
+    results add up to what one process would compute on the whole batch."""
     seq_sum = per_token.sum(dim=1)  # [B]
     seq_len = m.sum(dim=1).to(per_token.dtype)  # [B]
     if aggregation == "sequence":
-        has = seq_len > 0
-        if not bool(has.any()):
-            return per_token.sum() * 0.0
-        return (seq_sum[has] / seq_len[has]).mean()
-    _, inverse = torch.unique(group_ids, return_inverse=True)
-    n_groups = int(inverse.max().item()) + 1 if inverse.numel() else 0
-    group_sum = per_token.new_zeros(n_groups).index_add(0, inverse, seq_sum)  # [n_groups]
-    group_len = per_token.new_zeros(n_groups).index_add(0, inverse, seq_len)  # [n_groups]
-    has = group_len > 0
+        unit_sum, unit_len = seq_sum, seq_len
+    else:
+        _, inverse = torch.unique(group_ids, return_inverse=True)
+        n_groups = int(inverse.max().item()) + 1 if inverse.numel() else 0
+        unit_sum = per_token.new_zeros(n_groups).index_add(0, inverse, seq_sum)  # [n_groups]
+        unit_len = per_token.new_zeros(n_groups).index_add(0, inverse, seq_len)  # [n_groups]
+    has = unit_len > 0
+    if reduce is not None:
+        n_units = reduce(has.sum().to(per_token.dtype))
+        return (unit_sum[has] / unit_len[has]).sum() / n_units.clamp(min=1)
     if not bool(has.any()):
         return per_token.sum() * 0.0
-    return (group_sum[has] / group_len[has]).mean()
+    return (unit_sum[has] / unit_len[has]).mean()
 
 
 def grpo_loss(inp: GrpoLossInput) -> GrpoLossOutput:
@@ -137,20 +149,22 @@ def grpo_loss(inp: GrpoLossInput) -> GrpoLossOutput:
     pg_token = keep(-surrogate, m)
     per_token = pg_token
 
-    n_tokens = int(m.sum().item())
+    total = inp.reduce or (lambda t: t)
+    n_tokens = int(total(m.sum()).item())
     denom = max(n_tokens, 1)
     metrics: dict[str, float] = {
-        "clip_fraction": float(clip_active.sum().item()) / denom,
-        "ratio_mean": float(keep(ratio.detach(), m).sum().item()) / denom,
+        "clip_fraction": float(total(clip_active.sum()).item()) / denom,
+        "ratio_mean": float(total(keep(ratio.detach(), m).sum()).item()) / denom,
         "n_tokens": float(n_tokens),
     }
     if inp.ref_logprobs is not None:
         ref = keep(inp.ref_logprobs.detach().to(logp.dtype), m)
         kl_token = keep(k3_kl(logp, ref), m)
-        metrics["kl"] = float(kl_token.detach().sum().item()) / denom
+        metrics["kl"] = float(total(kl_token.detach().sum()).item()) / denom
         if inp.kl_coef > 0:
             per_token = per_token + inp.kl_coef * kl_token
 
-    loss = _aggregate(per_token, m, inp.group_ids, inp.aggregation)
-    metrics["pg_loss"] = float(_aggregate(pg_token.detach(), m, inp.group_ids, inp.aggregation).item())
+    loss = _aggregate(per_token, m, inp.group_ids, inp.aggregation, inp.reduce)
+    pg = _aggregate(pg_token.detach(), m, inp.group_ids, inp.aggregation, inp.reduce)
+    metrics["pg_loss"] = float(total(pg).item())
     return GrpoLossOutput(loss=loss, metrics=metrics)

@@ -8,8 +8,15 @@ sends exactly zero gradient to the replaced positions.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
+
+SumOverRanks = Callable[[Tensor], Tensor]
+"""Sums a tensor over the data-parallel ranks (an all-reduce). Given to a loss whose batch is
+one rank's share, it makes every count and mean global, so that N ranks compute the update one
+process would on the whole batch. None: this process holds the whole batch."""
 
 
 def token_mask(mask: Tensor, shape: torch.Size | tuple[int, ...], name: str = "mask") -> Tensor:
@@ -28,11 +35,14 @@ def keep(values: Tensor, mask: Tensor, fill: float = 0.0) -> Tensor:
     return torch.where(mask, values, torch.full_like(values, fill))
 
 
-def masked_token_mean(values: Tensor, mask: Tensor) -> Tensor:
+def masked_token_mean(values: Tensor, mask: Tensor, reduce: SumOverRanks | None = None) -> Tensor:
     """Mean of `values` [B, T] over the true positions of bool `mask` [B, T].
 
     With no true position the result is a graph-connected 0 (so `backward()` still works).
+    With `reduce`, the count is global: the result is this rank's part of the global mean.
     """
     kept = keep(values, mask)
     n = mask.sum()
+    if reduce is not None:
+        n = reduce(n)
     return kept.sum() / n.clamp(min=1).to(kept.dtype)

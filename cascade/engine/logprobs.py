@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from torch.distributed.fsdp import FSDPModule
 from transformers import DynamicCache, PreTrainedModel
 
 from cascade.engine import decode
@@ -17,12 +18,15 @@ def completion_logits(model: PreTrainedModel, batch: SequenceBatch, temperature:
     goes through the model once and its keys/values serve every row that has it (gradients
     flow back through them as through G copies): the same logits, to float rounding, for about
     `distinct * P + B * C` token positions instead of `B * (P + C)`. Only on full-attention
-    stacks `cascade.engine.decode` knows (a sliding-window cache keeps a window, not the prompt)."""
+    stacks `cascade.engine.decode` knows (a sliding-window cache keeps a window, not the prompt),
+    and never on a model sharded with FSDP2: each call of it is a collective, and how many calls
+    a batch takes must not depend on the rank's share of the data."""
     batch = batch.to(model.device)
     p = batch.prompt_len
     c = batch.completion_ids.shape[1]
     distinct, rows = torch.unique(batch.input_ids[:, :p], dim=0, return_inverse=True)
-    if 2 * distinct.shape[0] > batch.input_ids.shape[0] or not decode.supports(model):
+    sharded = isinstance(model, FSDPModule)  # every rank must make the same calls: one, always
+    if sharded or 2 * distinct.shape[0] > batch.input_ids.shape[0] or not decode.supports(model):
         out = model(
             input_ids=batch.input_ids,
             attention_mask=batch.attention_mask,

@@ -9,11 +9,12 @@ from dataclasses import dataclass
 
 from transformers import PreTrainedModel
 
+from cascade.algo.masking import SumOverRanks
 from cascade.config import StageConfig
 from cascade.engine.base import SamplingSettings
 from cascade.engine.batch import SequenceBatch, build_batch
 from cascade.runner.sources import RolloutSource, TeacherSource
-from cascade.trainer import DistillSamples, LossTerm, TeacherTokens, distill_loss_term
+from cascade.trainer import DistillSamples, LossTerm, TeacherTokens, distill_loss_term, placeholder_batch
 
 
 @dataclass
@@ -54,15 +55,40 @@ def fetch_distill(
     return out
 
 
+def share_distill(data: DistillData, rank: int, size: int, pad_id: int) -> DistillData:
+    """Rank `rank`'s contiguous block of the student's sequences, on its own batch layout; a
+    placeholder row with nothing counted when the block is empty (the rank still runs the
+    forward pass the sharded model needs)."""
+    n = len(data.samples.prompt_ids)
+    lo, hi = n * rank // size, n * (rank + 1) // size
+    s = data.samples
+    if lo == hi:
+        samples = DistillSamples(s.teacher, [[pad_id]], [[pad_id]], [[0.0]], s.temperature)
+        sb = placeholder_batch(pad_id)
+        return DistillData(samples, sb, data.tokens.rows(0, 1, 1))
+    samples = DistillSamples(
+        s.teacher,
+        s.prompt_ids[lo:hi],
+        s.completion_ids[lo:hi],
+        s.rollout_logprobs[lo:hi],
+        s.temperature,
+    )
+    sb = build_batch(samples.prompt_ids, samples.completion_ids, pad_id)
+    return DistillData(samples, sb, data.tokens.rows(lo, hi, sb.completion_ids.shape[1]))
+
+
 def distill_terms(
-    model: PreTrainedModel, fetched: list[DistillData], stage: StageConfig
+    model: PreTrainedModel,
+    fetched: list[DistillData],
+    stage: StageConfig,
+    reduce: SumOverRanks | None = None,
 ) -> tuple[list[tuple[float, LossTerm]], dict[str, float]]:
-    """(weight, term) per teacher and the terms' metrics."""
+    """(weight, term) per teacher and the terms' metrics (`reduce`: see `SumOverRanks`)."""
     dc = stage.distill
     terms: list[tuple[float, LossTerm]] = []
     metrics: dict[str, float] = {}
     for f in fetched:
-        term = distill_loss_term(model, f.batch, f.tokens, f.samples, dc)
+        term = distill_loss_term(model, f.batch, f.tokens, f.samples, dc, reduce)
         terms.append((dc.teacher_weights.get(f.samples.teacher, 1.0), term))
         metrics.update(term.metrics)
     return terms, metrics

@@ -1,7 +1,7 @@
 """The cascade's stage loop, written once for both modes.
 
 Stages in order; in each, steps of: plan the RL batch's requests, keep `max_staleness + 1`
-batches in flight, fetch the distillation data, `rl_term` + distillation terms, `apply_update`,
+batches in flight, fetch the distillation data, the trainer's update (`cascade.runner.update`),
 push the weights; eval of every domain on its cadence, the advance rule, best-checkpoint
 teachers, resumable checkpoints, the operator's commands from the store at every step boundary.
 
@@ -27,16 +27,13 @@ from typing import Any
 import torch
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, OperationalError
-from transformers import PreTrainedModel
 
 from cascade.accel import resolve_learner
-from cascade.algo import PromptPassRateFilter, schedule_value, token_budget, warmup_lr_factor
+from cascade.algo import PromptPassRateFilter, token_budget, warmup_lr_factor
 from cascade.checkpoint import (
     latest_checkpoint,
-    load_checkpoint_state,
     prune_checkpoints,
     read_runner_state,
-    save_checkpoint,
     save_model_dir,
 )
 from cascade.config import CascadeConfig, StageConfig, parse_watched_metric
@@ -44,21 +41,22 @@ from cascade.curriculum import AdvanceTracker, TeacherRegistry
 from cascade.domains import load_problems, make_domain
 from cascade.domains.base import Domain, NeedsPreparing, Problem
 from cascade.evaluation import DomainEval, evaluate_domain
-from cascade.frozen_models import FrozenModelCache
 from cascade.model.chat import encode_prompts
-from cascade.model.loading import load_policy
+from cascade.parallel.world import World
 from cascade.progress import RunProgress
 from cascade.rollout import PromptRequest, RolloutBatch, merge_chunks, request_seed
 from cascade.run_state import RunDirError, RunResult, RunState, rng_state_from_json, rng_state_to_json
 from cascade.run_store import RunStore
-from cascade.runner.distill import DistillData, DistillJob, distill_terms, fetch_distill
+from cascade.runner.distill import DistillData, DistillJob, fetch_distill
 from cascade.runner.lease import LeaseKeeper
 from cascade.runner.planning import distill_seed, plan_requests
 from cascade.runner.record import RunRecord, read_record, write_record
 from cascade.runner.sources import RunSources
+from cascade.runner.training import PolicyTrainer, make_trainer
+from cascade.runner.update import UpdateRequest
 from cascade.store.leases import Holder
 from cascade.tracking import Tracker
-from cascade.trainer import VerifierFailureError, apply_update, rl_term
+from cascade.trainer import VerifierFailureError, plan_rl
 
 SAMPLES_LOG = "samples.jsonl"
 """One line per step: the sample ids it trained on (a sample trained twice would show here)."""
@@ -95,15 +93,19 @@ class CascadeRunner:
         poll_s: float = 1.0,
         on_step: Callable[[int, dict[str, Any]], None] | None = None,
         domains: dict[str, Domain] | None = None,
+        world: World | None = None,
     ) -> None:
         """`cascade_id`: run a cascade the control plane created in the `db_url` database (its
         stages must match the config's). `follow`: when an operator pauses a stage, stay up and
         continue when it is resumed (polling every `poll_s`) instead of returning. `on_step`:
         called with (global step, metrics) after each step. `domains`: the verifiers for eval
-        (built from the config when not given)."""
+        (built from the config when not given). `world`: the ranks the policy is sharded over
+        (this process is rank 0; the others run `cascade.parallel.sharded.follow`)."""
         self.cfg = config
-        self.accel = resolve_learner(config.learner, config.model.dtype)
+        self.world = world or World()
+        self.accel = self.world.place(resolve_learner(config.learner, config.model.dtype))
         """The device and precision policy (a device this host lacks fails here, before any write)."""
+        self.trainer: PolicyTrainer = make_trainer(self.world, self.accel, config.model.dtype)
         self.sources = sources
         self.cascade_id = cascade_id
         self.follow = follow
@@ -147,7 +149,6 @@ class CascadeRunner:
         self.rng = random.Random(config.seed)
         self.filters = {n: PromptPassRateFilter(self._filter_cfg(n)) for n in self.domains}
         self.registry = TeacherRegistry()
-        self.frozen = FrozenModelCache(self.accel.frozen_dtype, self.accel.device)
         self._pending_teacher_deletes: list[Path] = []
         self._inflight: deque[Ticket] = deque()
         self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="distill")
@@ -184,7 +185,8 @@ class CascadeRunner:
             if isinstance(verifier, NeedsPreparing):
                 verifier.prepare()
         if self.resume_from is not None:
-            self.policy = load_policy(self.resume_from, self.cfg.model.dtype, device=str(self.accel.device))
+            self.trainer.load(self.resume_from)
+            self.policy = self.trainer.policy
             saved = read_runner_state(self.resume_from)
             self.state = RunState(**saved)
             if self.state.py_rng is not None:
@@ -202,9 +204,8 @@ class CascadeRunner:
                 f"step {self.state.stage_step} (global step {self.state.global_step})"
             )
         else:
-            self.policy = load_policy(
-                self.cfg.model.path, self.cfg.model.dtype, device=str(self.accel.device)
-            )
+            self.trainer.load(self.cfg.model.path)
+            self.policy = self.trainer.policy
             self.state.store_ids = self.store.begin(
                 self.cfg,
                 run_dir=self.run_dir,
@@ -261,13 +262,15 @@ class CascadeRunner:
 
     def run(self) -> RunResult:
         """The cascade from where it stands; the lease is released however this returns (a
-        runner that dies without returning leaves it to expire: its run then shows `stalled`)."""
+        runner that dies without returning leaves it to expire: its run then shows `stalled`),
+        and the following ranks of a sharded learner are let go."""
         try:
             return self._run()
         finally:
             self._background.shutdown(wait=False, cancel_futures=True)
             if self.lease is not None:
                 self.lease.stop(release=True)
+            self.trainer.close()
             self.tracker.close()  # a run that raised: its tracked runs end too
 
     def _run(self) -> RunResult:
@@ -280,19 +283,16 @@ class CascadeRunner:
         while self.state.stage_index < len(self.cfg.stages):
             i = self.state.stage_index
             stage = self.cfg.stages[i]
-            optimizer = torch.optim.AdamW(
-                self.policy.model.parameters(),
-                lr=stage.grpo.learning_rate,
-                weight_decay=stage.grpo.weight_decay,
-            )
+            self.trainer.start_stage(stage)
             tracker = AdvanceTracker(stage.advance)
             resuming = self.resume_from is not None
             if resuming:
                 assert self.resume_from is not None
                 # a checkpoint between stages holds no optimizer of the next stage: it starts fresh
                 # (loading the placeholder would give it the placeholder's lr and weight decay)
-                mid_stage = optimizer if self.state.stage_started else None
-                load_checkpoint_state(self.resume_from, optimizer=mid_stage, generator=self.generator)
+                self.trainer.restore(
+                    self.resume_from, optimizer=self.state.stage_started, generator=self.generator
+                )
                 self.resume_from = None
             if resuming and self.state.stage_started:
                 tracker.load_state_dict(self.state.tracker)
@@ -315,7 +315,7 @@ class CascadeRunner:
                 command = self.store.desired_state(i)
                 if command in ("paused", "aborted"):
                     self._discard_inflight()
-                    self._checkpoint(optimizer, tracker)
+                    self._checkpoint(tracker)
                     self.store.acknowledge(i, command)
                     self.log(f"stage '{stage.label}' {command} by operator at step {self.state.stage_step}")
                     if command == "paused" and self.follow:
@@ -329,7 +329,7 @@ class CascadeRunner:
                     stopped_by = "operator"
                     break
                 try:
-                    metrics = self._step(stage, optimizer)
+                    metrics = self._step(stage)
                 except VerifierFailureError as err:
                     self._discard_inflight()
                     self.store.stage_failed(i, reason=str(err))
@@ -342,14 +342,14 @@ class CascadeRunner:
                     self.progress.set_eval(scores)
                     advanced = tracker.observe(self.state.stage_step, self._watched_value(stage))
                 if self.state.stage_step % self.cfg.checkpoint.every == 0:
-                    self._checkpoint(optimizer, tracker)
+                    self._checkpoint(tracker)
                 steps_this_call += 1
                 if advanced:
                     stopped_by = "threshold"
                     break
                 if self.stop_after_steps is not None and steps_this_call >= self.stop_after_steps:
                     self._discard_inflight()
-                    self._checkpoint(optimizer, tracker)
+                    self._checkpoint(tracker)
                     self.progress.stop()
                     return self._finish("interrupted", write_report=False)
             if self.state.last_eval_global_step != self.state.global_step:
@@ -362,9 +362,10 @@ class CascadeRunner:
             self.state.stage_step = 0
             self.state.stage_started = False
             self.state.tracker = {}
-            self._checkpoint(None, None)
+            self.trainer.end_stage()
+            self._checkpoint(None)
         self.state.finished = True
-        self._checkpoint(None, None)
+        self._checkpoint(None)
         return self._finish("completed")
 
     def _teacher_domains(self, stage_index: int) -> list[str]:
@@ -374,7 +375,7 @@ class CascadeRunner:
 
     # ------------------------------------------------------------------ one step
 
-    def _step(self, stage: StageConfig, optimizer: torch.optim.Optimizer) -> dict[str, float]:
+    def _step(self, stage: StageConfig) -> dict[str, float]:
         t0 = time.perf_counter()
         self._idle_s = 0.0
         g = stage.grpo
@@ -382,44 +383,36 @@ class CascadeRunner:
         budget = token_budget(g.budget, step)
         batch, distill_future = self._next_batch(stage, budget)
         t_gen = time.perf_counter()
-        ref_model = self._reference(stage)
-        with self.accel.autocast():  # the loss's forward passes only (a no-op in float32)
-            rl = rl_term(
-                self.policy.model,
-                batch,
-                g,
-                pad_id=self.policy.pad_token_id,
-                current_version=self.state.policy_version,
-                drop_zero_variance=stage.filter.drop_zero_variance,
-                ref_model=ref_model,
-            )
-        fetched = self._wait(distill_future) if distill_future is not None else []
-        with self.accel.autocast():
-            terms, distill_metrics = distill_terms(self.policy.model, fetched, stage)
-        lam = schedule_value(stage.distill.lam, step) if terms else 0.0
-        t_loss = time.perf_counter()
-        update = apply_update(
-            self.policy.model,
-            optimizer,
-            rl=rl,
-            distill=terms,
-            lam=lam,
-            max_grad_norm=g.max_grad_norm,
-            lr=_lr_for(stage, step),
+        plan = plan_rl(
+            batch,
+            g,
+            current_version=self.state.policy_version,
+            drop_zero_variance=stage.filter.drop_zero_variance,
         )
+        request = UpdateRequest(
+            rl=plan,
+            stage=stage,
+            stage_step=step,
+            lr=_lr_for(stage, step),
+            pad_id=self.policy.pad_token_id,
+            reference=self._reference(stage),
+        )
+
+        def distill() -> list[DistillData]:
+            return self._wait(distill_future) if distill_future is not None else []
+
+        update, forward_s = self.trainer.update(request, distill)
         self.state.policy_version += 1
         self.state.stage_step += 1
         self.state.global_step += 1
         pushed = self.sources.weights.push(self.policy, self.state.policy_version)
         t_end = time.perf_counter()
         metrics: dict[str, Any] = {
-            **rl.metrics,
-            **distill_metrics,
             **update,
             "token_budget": float(budget),
             "time_rollout_s": t_gen - t0,
-            "time_loss_s": t_loss - t_gen,
-            "time_update_s": t_end - t_loss,
+            "time_loss_s": forward_s,
+            "time_update_s": t_end - t_gen - forward_s,
             "time_step_s": t_end - t0,
             "time_wait_s": self._idle_s,
             "idle_fraction": self._idle_s / max(t_end - t0, 1e-9),
@@ -548,14 +541,14 @@ class CascadeRunner:
         pool = self.train_problems[teacher if dc.prompt_source == "replay" else stage.domain]
         return self.rng.sample(pool, min(dc.prompts_per_teacher, len(pool)))
 
-    def _reference(self, stage: StageConfig) -> PreTrainedModel | None:
+    def _reference(self, stage: StageConfig) -> Path | None:
         """The frozen stage-start policy for the k3 KL term (written once per stage)."""
         if stage.grpo.kl_coef <= 0:
             return None
         path = self.run_dir / "references" / f"stage-{self.state.stage_index}"
         if not path.exists():
             save_model_dir(self.policy, path)
-        return self.frozen.get(f"reference-{self.state.stage_index}", path)
+        return path.resolve()
 
     # ------------------------------------------------------------------ eval, teachers, checkpoints
 
@@ -626,20 +619,13 @@ class CascadeRunner:
         if old is not None and Path(old.path) != path:
             self._pending_teacher_deletes.append(Path(old.path))
 
-    def _checkpoint(self, optimizer: torch.optim.Optimizer | None, tracker: AdvanceTracker | None) -> None:
+    def _checkpoint(self, tracker: AdvanceTracker | None) -> None:
         self.state.tracker = tracker.state_dict() if tracker is not None else {}
         self.state.teachers = self.registry.state_dict()
         self.state.filters = {n: f.state_dict() for n, f in self.filters.items()}
         self.state.py_rng = rng_state_to_json(self.rng.getstate())
         path = self.ckpt_root / f"step-{self.state.global_step:06d}"
-        opt = optimizer or torch.optim.AdamW(self.policy.model.parameters(), lr=1e-4)
-        save_checkpoint(
-            path,
-            policy=self.policy,
-            optimizer=opt,
-            generator=self.generator,
-            runner_state=self.state.__dict__.copy(),
-        )
+        self.trainer.save(path, generator=self.generator, runner_state=self.state.__dict__.copy())
         self.store.record_checkpoint(
             self.state.stage_index, self.state.stage_step, self.state.global_step, path
         )
@@ -668,4 +654,5 @@ class CascadeRunner:
 
     def close(self) -> None:
         self._background.shutdown(wait=False, cancel_futures=True)
+        self.trainer.close()
         self.sources.close()

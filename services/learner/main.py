@@ -126,6 +126,27 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(args.torch_threads)
+    from cascade.accel import DeviceError, resolve_learner
+    from cascade.parallel.launch import follow_driver, launched_world, release, start_rank
+
+    try:
+        accel = resolve_learner(cfg.learner, cfg.model.dtype)
+    except DeviceError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    world = launched_world()
+    if world.sharded:  # under torchrun: rank 0 runs the loop below, the others follow it
+        world, accel = start_rank(accel)
+        if not world.driver:
+            return follow_driver(world, accel, cfg.model.dtype)
+    try:
+        return _drive(args, cfg, world)
+    finally:
+        release(world)
+
+
+def _drive(args: argparse.Namespace, cfg: Any, world: Any) -> int:
+    """Rank 0 (or the only rank): the stage loop over the services."""
     from cascade.run_state import RunDirError
     from cascade.run_store import CascadeMismatch, LeaseHeld
     from cascade.runner.fresh import confirm_fresh
@@ -176,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
             on_replica_failure=metrics.replica_failed,
             teacher=args.teacher,
             on_step=metrics.observe,
+            world=world,
         )
     except (RunDirError, CascadeMismatch, ValueError) as err:  # ValueError: also a DeviceError
         http.shutdown()

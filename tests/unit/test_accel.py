@@ -162,7 +162,7 @@ def test_every_tensor_of_a_step_is_on_the_model_device(
     """A real cascade (RL with a KL reference, then RL + top-k distillation from the first
     stage's teacher): the loss, the distillation terms and the update run under a mode that
     records every tensor's device; all of them are the policy's."""
-    import cascade.runner.loop as loop
+    import cascade.runner.update as update
     from cascade.embedded import embedded_runner
 
     cfg = load_cascade_config(_config(tmp_path, random_tiny_model))
@@ -178,8 +178,8 @@ def test_every_tensor_of_a_step_is_on_the_model_device(
 
         return wrapper
 
-    for name in ("rl_term", "distill_terms", "apply_update"):
-        monkeypatch.setattr(loop, name, logged(name, getattr(loop, name)))
+    for name in ("rl_loss", "distill_terms", "apply_update"):
+        monkeypatch.setattr(update, name, logged(name, getattr(update, name)))
     try:
         result = runner.run()
     finally:
@@ -188,12 +188,12 @@ def test_every_tensor_of_a_step_is_on_the_model_device(
     device = runner.policy.model.device
     assert runner.accel.device == device == torch.device("cpu")
     assert {p.device for p in runner.policy.model.parameters()} == {device}
-    assert seen.count("rl_term") == 2 and seen.count("apply_update") == 2
+    assert seen.count("rl_loss") == 2 and seen.count("apply_update") == 2
     assert log.calls > 100
     assert log.devices == {device}
     teacher = next(iter(runner.sources.teachers.frozen._models.values()))[1]  # type: ignore[attr-defined]
     assert teacher.device == device and next(teacher.parameters()).dtype == torch.float32
-    reference = next(iter(runner.frozen._models.values()))[1]
+    reference = next(iter(runner.trainer.frozen._models.values()))[1]  # type: ignore[attr-defined]
     assert reference.device == device
 
 

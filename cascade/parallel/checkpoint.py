@@ -1,0 +1,69 @@
+"""Sharded training state with `torch.distributed.checkpoint` (DCP): every rank writes its own
+shards of the model and optimizer into `<checkpoint>/dcp`, and any world size reads them back
+(DCP reshards on load). The full weights are exported beside them as a model directory for
+teachers, the rollout service and the final model (`cascade.checkpoint`).
+
+A checkpoint written by a learner of one process (`optimizer.safetensors`, keyed by parameter
+index) loads into a sharded learner too, and a sharded one into a learner of one process."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from safetensors.torch import load_file
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_optimizer_state_dict,
+)
+
+from cascade.checkpoint import OPTIM_FILE, STATE_FILE
+
+DCP_DIR = "dcp"
+
+
+def is_sharded(checkpoint: Path) -> bool:
+    return (checkpoint / DCP_DIR).is_dir()
+
+
+def save_shards(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, checkpoint: Path) -> None:
+    """This rank's shards (collective: every rank calls it with the same `checkpoint`)."""
+    state: dict[str, Any] = {"model": get_model_state_dict(model)}
+    if optimizer is not None:
+        state["optim"] = get_optimizer_state_dict(model, optimizer)
+    dcp.save(state, checkpoint_id=checkpoint / DCP_DIR)
+
+
+def load_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, checkpoint: Path) -> None:
+    """`checkpoint`'s optimizer state into `optimizer` (of `model`, sharded or whole), whatever
+    world size wrote it. Collective when `model` is sharded."""
+    if is_sharded(checkpoint):
+        state = {"optim": get_optimizer_state_dict(model, optimizer)}
+        dcp.load(state, checkpoint_id=checkpoint / DCP_DIR)
+        set_optimizer_state_dict(model, optimizer, state["optim"])
+        return
+    full = _unsharded_optimizer_state(model, checkpoint)
+    set_optimizer_state_dict(model, optimizer, full, options=StateDictOptions(full_state_dict=True))
+
+
+def _unsharded_optimizer_state(model: torch.nn.Module, checkpoint: Path) -> dict[str, Any]:
+    """A one-process checkpoint's optimizer state, keyed by parameter name instead of index
+    (the index is the parameter's place in `model.parameters()`, which sharding keeps)."""
+    names = [name for name, p in model.named_parameters() if p.requires_grad]
+    meta = json.loads((checkpoint / STATE_FILE).read_text())["optimizer"]
+    if meta is None:
+        raise ValueError(f"{checkpoint}: holds no optimizer state")
+    state: dict[str, dict[str, Any]] = {}
+    for key, value in load_file(str(checkpoint / OPTIM_FILE)).items():
+        pid, field = key.split(".", 1)
+        state.setdefault(names[int(pid)], {})[field] = value
+    for key, value in meta["scalars"].items():
+        pid, field = key.split(".", 1)
+        state.setdefault(names[int(pid)], {})[field] = value
+    groups = [{**g, "params": [names[i] for i in g["params"]]} for g in meta["param_groups"]]
+    return {"state": state, "param_groups": groups}
