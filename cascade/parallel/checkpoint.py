@@ -21,6 +21,7 @@ from torch.distributed.checkpoint.state_dict import (
     get_optimizer_state_dict,
     set_optimizer_state_dict,
 )
+from torch.distributed.fsdp import FSDPModule
 
 from cascade.checkpoint import OPTIM_FILE, STATE_FILE
 
@@ -44,7 +45,9 @@ def load_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, che
     world size wrote it. Collective when `model` is sharded."""
     if is_sharded(checkpoint):
         state = {"optim": get_optimizer_state_dict(model, optimizer)}
-        dcp.load(state, checkpoint_id=checkpoint / DCP_DIR)
+        # a whole model reads alone, even in a process that has a process group
+        alone = not isinstance(model, FSDPModule)
+        dcp.load(state, checkpoint_id=checkpoint / DCP_DIR, no_dist=alone)
         set_optimizer_state_dict(model, optimizer, state["optim"])
         return
     full = _unsharded_optimizer_state(model, checkpoint)

@@ -17,6 +17,7 @@ from cascade.checkpoint import load_checkpoint_state, save_checkpoint
 from cascade.config import StageConfig
 from cascade.frozen_models import FrozenModelCache
 from cascade.model.loading import Policy, load_policy
+from cascade.parallel.checkpoint import is_sharded, load_optimizer
 from cascade.parallel.world import World
 from cascade.runner.distill import DistillData
 from cascade.runner.update import UpdateRequest, run_update
@@ -70,6 +71,10 @@ class LocalTrainer:
         self.optimizer = None
 
     def restore(self, checkpoint: Path, *, optimizer: bool, generator: torch.Generator) -> None:
+        if optimizer and is_sharded(checkpoint):  # written by a sharded learner: any world size reads it
+            assert self.optimizer is not None
+            load_optimizer(self.policy.model, self.optimizer, checkpoint)
+            optimizer = False
         load_checkpoint_state(
             checkpoint, optimizer=self.optimizer if optimizer else None, generator=generator
         )
