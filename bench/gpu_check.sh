@@ -5,6 +5,13 @@
 # autocast, float32 master weights) against the CPU's on the same weights and batch, the loss's
 # forward (mean token NLL) and the GRPO loss within 2e-2 relative, the gradient norm within 5e-2.
 # The learner check needs the cascade package's light dependencies (pydantic, pyyaml) too.
+# With 2 or more GPUs, last the sharded learner check (bench/gpu_sharded_check.py) under
+# `torchrun --standalone --nproc-per-node=<GPUs>`: FSDP2 over NCCL, one rank per GPU, bfloat16
+# compute over float32 master weights, a few updates against one process's on the same batch, the
+# first step's losses within 2e-2 relative and its gradient norm within 5e-2; skipped, with a
+# line saying so, on fewer than 2 GPUs. (Here, without GPUs, the same script runs on 2 CPU ranks:
+# `.venv/bin/python -m torch.distributed.run --standalone --nproc-per-node=2
+# bench/gpu_sharded_check.py --device cpu`, gloo, float32, every step within 1e-5.)
 #
 #   bash bench/gpu_check.sh                   # tiny model shape (hidden 128, 4 layers)
 #   bash bench/gpu_check.sh --hidden 1024 --layers 16 --batch 256   # something a GPU notices
@@ -21,7 +28,8 @@
 #            transformers==5.24.0 tokenizers==0.23.3 safetensors==0.8.0
 # The pinned torch (2.13.0 CPU here) is deliberately not installed: the machine's own CUDA
 # torch is the one to measure. Exit codes: 0 ok, 1 log-prob mismatch, 2 no usable GPU Python,
-# 3 learner loss mismatch against the CPU (4 when the learner check cannot import cascade).
+# 3 learner loss mismatch against the CPU (4 when the learner check cannot import cascade),
+# 5 sharded learner mismatch against one process (or the sharded check failing to run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -72,6 +80,17 @@ if ! "$PY" -c 'import cascade.accel, cascade.trainer' 2>/dev/null; then
 fi
 learner=0
 "$PY" bench/gpu_learner_check.py --device cuda || learner=$?
+sharded=0
+gpus="$("$PY" -c 'import torch; print(torch.cuda.device_count())')"
+if (( gpus >= 2 )); then
+    echo "gpu_check: sharded learner check on $gpus GPUs (torchrun, NCCL)" >&2
+    "$PY" -m torch.distributed.run --standalone --nproc-per-node="$gpus" \
+        bench/gpu_sharded_check.py --device cuda || sharded=$?
+else
+    echo "gpu_check: sharded learner check skipped: $gpus GPU(s) here, it needs 2 or more (one rank per GPU)" >&2
+fi
 if (( status != 0 )); then exit "$status"; fi
 if (( learner == 1 )); then exit 3; fi
-exit "$learner"
+if (( learner != 0 )); then exit "$learner"; fi
+if (( sharded != 0 )); then exit 5; fi
+exit 0
