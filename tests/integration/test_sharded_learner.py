@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from cascade.checkpoint import latest_checkpoint
 from cascade.parallel.launch import torchrun_argv
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,3 +70,116 @@ def test_cascade_run_nproc_is_refused_below_one(tmp_path: Path) -> None:
         timeout=120,
     )
     assert proc.returncode == 2 and "--nproc must be at least 1" in proc.stderr
+
+
+def _rank_pid(run_dir: Path, rank: int) -> int | None:
+    """The pid of `rank` of the sharded run writing to `run_dir` (from /proc)."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if str(run_dir).encode() in cmdline and f"RANK={rank}".encode() in environ:
+            if b"torch.distributed.run" not in cmdline:
+                return int(proc.name)
+    return None
+
+
+def test_a_killed_rank_ends_the_run_and_it_resumes_on_one_process(
+    random_tiny_model: Path, tmp_path: Path
+) -> None:
+    """kill -9 of a follower rank mid-stage: torchrun ends the whole group (no rank hangs in a
+    collective), the driver's resume hint is recorded, and `cascade run --resume --run-dir DIR`
+    on one process finishes the cascade from the last sharded checkpoint: every global step once,
+    each step's trained samples those of an uninterrupted run."""
+    import os
+    import signal
+    import time
+
+    import yaml
+
+    grpo = {"group_size": 4, "prompts_per_step": 4, "budget": {"max_new_tokens": 8}}
+    prompts = {"kind": "synthetic", "seed": 0, "n_train": 32, "n_eval": 4}
+    data = {
+        "name": "killed",
+        "seed": 0,
+        "model": {"path": str(random_tiny_model)},
+        "domains": [{"name": "if", "prompts": prompts}, {"name": "math", "prompts": prompts}],
+        "stages": [
+            {"domain": "if", "grpo": grpo, "advance": {"max_steps": 3}, "eval": {"every": 3}},
+            {
+                "domain": "math",
+                "grpo": grpo,
+                "distill": {"loss": "sampled", "prompts_per_teacher": 4},
+                "advance": {"max_steps": 4},
+                "eval": {"every": 4},
+            },
+        ],
+        "checkpoint": {"every": 1, "keep_last": 2},
+        "lease": {"heartbeat_s": 0.5, "expiry_s": 3},
+        "rollout": {"seeding": "per_request"},
+        "output_dir": str(tmp_path / "runs"),
+    }
+    cfg = tmp_path / "cascade.yaml"
+    cfg.write_text(yaml.safe_dump(data))
+    run_dir = tmp_path / "sharded"
+    log = tmp_path / "run.log"
+
+    def start(*flags: str) -> subprocess.Popen[bytes]:
+        argv = [
+            sys.executable,
+            "-m",
+            "cascade.cli",
+            "run",
+            "--no-progress",
+            "--run-dir",
+            str(run_dir),
+            *flags,
+        ]
+        return subprocess.Popen(
+            argv, cwd=ROOT, stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+    def trained() -> list[dict]:
+        path = run_dir / "samples.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+    run = start(str(cfg), "--nproc", "2")
+    try:
+        deadline = time.monotonic() + 240
+        while len(trained()) < 4 and run.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert len(trained()) >= 4, log.read_text()[-3000:]
+        follower = _rank_pid(run_dir, 1)
+        assert follower is not None
+        os.kill(follower, signal.SIGKILL)
+        assert run.wait(timeout=120) != 0  # the group ended, no rank left waiting
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait(timeout=10)
+    assert _rank_pid(run_dir, 0) is None and _rank_pid(run_dir, 1) is None
+    last = latest_checkpoint(run_dir / "checkpoints")  # complete ones only (a .tmp may be left)
+    assert last is not None
+    assert sorted(p.name for p in (last / "dcp").iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    time.sleep(3.5)  # a lease left by a killed holder expires
+    resumed = start("--resume")
+    assert resumed.wait(timeout=240) == 0, log.read_text()[-3000:]
+    assert "resumed from step-" in log.read_text()
+    steps = [t["global_step"] for t in trained()]
+    assert steps == list(range(1, 8)), steps
+
+    reference = tmp_path / "reference"
+    proc = subprocess.run(
+        [sys.executable, "-m", "cascade.cli", "run", str(cfg), "--no-progress", "--run-dir", str(reference)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    expected = [json.loads(line) for line in (reference / "samples.jsonl").read_text().splitlines()]
+    assert trained() == expected
