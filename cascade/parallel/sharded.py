@@ -72,7 +72,9 @@ class RankShard:
         self.optimizer: torch.optim.Optimizer | None = None
 
     def load(self, path: Path) -> None:
-        policy = load_policy(path, self.dtype, device=str(self.accel.device))
+        # read into host memory, then sharded: `fully_shard` moves each rank's shard to the
+        # mesh's device, so no GPU ever holds the whole model for this copy
+        policy = load_policy(path, self.dtype, device="cpu")
         shard_policy(policy.model, self.world, self.accel)
         self.model = policy.model
         self.optimizer = None
