@@ -334,28 +334,13 @@ def sharded(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 
 
 def pushes(args: argparse.Namespace, tmp: Path) -> list[dict[str, Any]]:
-    import contextlib
-
     sys.path.insert(0, str(ROOT / "bench"))
-    from model_services import checkpoint_bytes, random_model, service  # type: ignore[import-not-found]
-    from weight_push import push_times  # type: ignore[import-not-found]
+    from weight_push import measure_push  # type: ignore[import-not-found]
 
     rows = []
-    base = tmp / "base-tiny"
     for size in filter(None, args.push_sizes.split(",")):
         hidden, layers = (int(x) for x in size.split("x"))
-        a = random_model(tmp / f"m{hidden}-a", hidden=hidden, layers=layers, seed=0, base=base)
-        b = random_model(tmp / f"m{hidden}-b", hidden=hidden, layers=layers, seed=1, base=base)
-        with contextlib.ExitStack() as stack:
-            addresses = [
-                stack.enter_context(
-                    service("services.rollout.main", tmp / f"rollout-{hidden}-{i}.log", "--model", str(a))
-                )
-                for i in range(2)
-            ]
-            one = push_times(addresses[:1], [b, a], args.push_repeats)
-            two = push_times(addresses, [b, a], args.push_repeats)
-        size_mb = checkpoint_bytes(b) / 2**20
+        one, two, size_mb = measure_push(tmp, hidden, layers, args.push_repeats)
         row = {
             "model": f"hidden {hidden}, {layers} layers",
             "checkpoint_mb": round(size_mb, 1),

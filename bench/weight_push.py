@@ -46,6 +46,24 @@ def push_times(addresses: list[str], checkpoints: list[Path], repeats: int) -> d
     }
 
 
+def measure_push(tmp: Path, hidden: int, layers: int, repeats: int) -> tuple[dict, dict, float]:
+    """Two rollout replicas of a random model of this size: the push to the first alone and to
+    both (medians), and the checkpoint's size in MB."""
+    base = tmp / "base-tiny"
+    a = random_model(tmp / f"m{hidden}-a", hidden=hidden, layers=layers, seed=0, base=base)
+    b = random_model(tmp / f"m{hidden}-b", hidden=hidden, layers=layers, seed=1, base=base)
+    with contextlib.ExitStack() as stack:
+        addresses = [
+            stack.enter_context(
+                service("services.rollout.main", tmp / f"rollout-{hidden}-{i}.log", "--model", str(a))
+            )
+            for i in range(2)
+        ]
+        one = push_times(addresses[:1], [b, a], repeats)
+        two = push_times(addresses, [b, a], repeats)
+    return one, two, checkpoint_bytes(b) / 2**20
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=3)
@@ -54,20 +72,8 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-push-") as tmp_s:
         tmp = Path(tmp_s)
-        base = tmp / "base-tiny"
         for hidden, layers in SIZES[: args.max_size]:
-            a = random_model(tmp / f"m{hidden}-a", hidden=hidden, layers=layers, seed=0, base=base)
-            b = random_model(tmp / f"m{hidden}-b", hidden=hidden, layers=layers, seed=1, base=base)
-            with contextlib.ExitStack() as stack:
-                addresses = [
-                    stack.enter_context(
-                        service("services.rollout.main", tmp / f"rollout-{hidden}-{i}.log", "--model", str(a))
-                    )
-                    for i in range(2)
-                ]
-                one = push_times(addresses[:1], [b, a], args.repeats)
-                two = push_times(addresses, [b, a], args.repeats)
-            size_mb = checkpoint_bytes(b) / 2**20
+            one, two, size_mb = measure_push(tmp, hidden, layers, args.repeats)
             row = {
                 "model": f"hidden {hidden}, {layers} layers",
                 "checkpoint_mb": round(size_mb, 1),
