@@ -115,35 +115,24 @@ def cmd_run(args: argparse.Namespace) -> int:
     cfg = with_tracking(cfg, args.track)
     if args.nproc < 1:
         return _fail("--nproc must be at least 1")
-    from cascade.accel import DeviceError, resolve_learner
-    from cascade.parallel.launch import (
-        follow_driver,
-        launched_world,
-        relaunch,
-        release,
-        start_rank,
-        without_option,
-    )
+    from cascade.accel import DeviceError
+    from cascade.parallel.launch import as_ranks, relaunch, without_option
+    from cascade.parallel.world import World
+
+    def drive(world: World) -> int:
+        run_dir = _run_dir(args, cfg)
+        flags_error = _resolve_run_flags(args, run_dir)
+        if flags_error is not None:
+            return _fail(flags_error)
+        if args.nproc > 1 and not world.sharded:
+            argv = without_option(args.argv, "--nproc") + (["--yes"] if args.fresh and not args.yes else [])
+            return relaunch(args.nproc, "cascade.cli", argv)  # --fresh was confirmed here already
+        return _run_embedded(args, cfg, run_dir, world)
 
     try:
-        accel = resolve_learner(cfg.learner, cfg.model.dtype)
+        return as_ranks(cfg.learner, cfg.model.dtype, drive)
     except DeviceError as err:
         return _fail(str(err))
-    if launched_world().sharded:
-        world, accel = start_rank(accel)
-        if not world.driver:
-            return follow_driver(world, accel, cfg.model.dtype)
-    run_dir = _run_dir(args, cfg)
-    flags_error = _resolve_run_flags(args, run_dir)
-    if flags_error is not None:
-        return _fail(flags_error)
-    if args.nproc > 1 and not launched_world().sharded:
-        argv = without_option(args.argv, "--nproc") + (["--yes"] if args.fresh and not args.yes else [])
-        return relaunch(args.nproc, "cascade.cli", argv)  # --fresh was confirmed here already
-    try:
-        return _run_embedded(args, cfg, run_dir, launched_world())
-    finally:
-        release(launched_world())
 
 
 def _run_embedded(args: argparse.Namespace, cfg, run_dir: Path, world) -> int:

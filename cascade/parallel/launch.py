@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from cascade.accel import Accel
+from cascade.accel import Accel, resolve_learner
+from cascade.config import LearnerConfig
 from cascade.parallel.world import World, join_world, launched_world, leave_world
 
 
@@ -49,6 +50,22 @@ def relaunch(nproc: int, module: str, args: Sequence[str]) -> int:
     """Run `module args` again as `nproc` ranks and wait; their exit code (torchrun ends every
     rank when one fails)."""
     return subprocess.call(torchrun_argv(nproc, module, args))
+
+
+def as_ranks(learner: LearnerConfig, dtype: str, drive: Callable[[World], int]) -> int:
+    """The learner's entry under any launcher: `drive(world)` runs on rank 0 (or the only rank),
+    the other ranks of a torchrun launch follow it, and rank 0 lets them go however `drive`
+    ends. A device this host lacks raises `DeviceError` before any rank joins."""
+    accel = resolve_learner(learner, dtype)
+    world = launched_world()
+    if world.sharded:
+        world, accel = start_rank(accel)
+        if not world.driver:
+            return follow_driver(world, accel, dtype)
+    try:
+        return drive(world)
+    finally:
+        release(world)
 
 
 def start_rank(accel: Accel) -> tuple[World, Accel]:

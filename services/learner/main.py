@@ -126,23 +126,14 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(args.torch_threads)
-    from cascade.accel import DeviceError, resolve_learner
-    from cascade.parallel.launch import follow_driver, launched_world, release, start_rank
+    from cascade.accel import DeviceError
+    from cascade.parallel.launch import as_ranks
 
-    try:
-        accel = resolve_learner(cfg.learner, cfg.model.dtype)
+    try:  # under torchrun: rank 0 runs the loop (`_drive`), the others follow it
+        return as_ranks(cfg.learner, cfg.model.dtype, lambda world: _drive(args, cfg, world))
     except DeviceError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    world = launched_world()
-    if world.sharded:  # under torchrun: rank 0 runs the loop below, the others follow it
-        world, accel = start_rank(accel)
-        if not world.driver:
-            return follow_driver(world, accel, cfg.model.dtype)
-    try:
-        return _drive(args, cfg, world)
-    finally:
-        release(world)
 
 
 def _drive(args: argparse.Namespace, cfg: Any, world: Any) -> int:
