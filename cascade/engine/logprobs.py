@@ -48,7 +48,7 @@ def completion_logits(model: PreTrainedModel, batch: SequenceBatch, temperature:
     # rounding depends on whether the weights require grad (a policy and its frozen copy would differ)
     parts = [prefix.logits[:, -1:, :].index_select(0, rows)]  # predicts completion token 0
     if c > 1:
-        cache.batch_select_indices(rows)
+        _expand_rows(cache, rows)
         rest = model(
             input_ids=batch.input_ids[:, p : p + c - 1],
             attention_mask=batch.attention_mask[:, : p + c - 1],
@@ -58,6 +58,21 @@ def completion_logits(model: PreTrainedModel, batch: SequenceBatch, temperature:
         )
         parts.append(rest.logits)
     return torch.cat(parts, dim=1).float() / temperature
+
+
+def _expand_rows(cache: DynamicCache, rows: torch.Tensor) -> None:
+    """Give row i of the batch its prompt's keys and values (`rows[i]`), with `index_select`.
+
+    Not `DynamicCache.batch_select_indices`: it indexes with `keys[rows, ...]`, whose backward is
+    an accumulating `index_put_`; on a CPU with more than one thread that adds each row's gradient
+    into its prompt's with atomic float adds, in whatever order the threads reach them. The
+    gradients then change in their last bits from run to run (with other processes on the cores,
+    nearly every step), and a seeded run drifts away from itself. The backward of `index_select`
+    sums into each prompt in row order."""
+    for layer in cache.layers:
+        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+        assert isinstance(keys, torch.Tensor) and isinstance(values, torch.Tensor)
+        layer.keys, layer.values = keys.index_select(0, rows), values.index_select(0, rows)  # type: ignore[attr-defined,union-attr]
 
 
 def gather_logprobs(logits: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
