@@ -40,16 +40,6 @@ def loaded_cores() -> Iterator[None]:
             h.wait()
 
 
-@pytest.fixture
-def two_threads() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def _grpo_like_batch(vocab: int) -> tuple[list[list[int]], list[list[int]]]:
     """9 prompts x 8 completions (a GRPO step's shape), prompts of 30-45 tokens, completions of
     8-24: large enough that the prompt-expansion backward is split across threads."""
@@ -66,7 +56,7 @@ def _grpo_like_batch(vocab: int) -> tuple[list[list[int]], list[list[int]]]:
 
 
 def test_learner_gradients_are_the_same_bits_under_cpu_load(
-    random_tiny_model: Path, loaded_cores: None, two_threads: None
+    random_tiny_model: Path, loaded_cores: None, torch_two_threads: None
 ) -> None:
     model = AutoModelForCausalLM.from_pretrained(random_tiny_model).train()
     prompts, completions = _grpo_like_batch(model.config.vocab_size)
