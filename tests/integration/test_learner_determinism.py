@@ -6,38 +6,23 @@ each prompt's keys and values with `keys[rows, ...]`, whose backward on a multi-
 rows into their prompt with atomic float adds, in thread-timing order. Idle, the two threads kept
 the same pace and the order held; under load it changed almost every step.
 
-This drill runs the real thing: two busy-looping processes on the cores, the learner's forward
-and backward on two intra-op threads, repeated, and every repetition's gradients compared bit
-for bit.
+This drill runs the real thing: two busy-looping processes on the cores (`tests/cpu_load.py`),
+the learner's forward and backward on two intra-op threads, repeated, and every repetition's
+gradients compared bit for bit.
 """
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from cpu_load import cores_loaded
+from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from cascade.engine.batch import build_batch
+from cascade.engine.batch import SequenceBatch, build_batch
 from cascade.engine.logprobs import completion_logprobs
 
 REPEATS = 12
-
-
-@pytest.fixture
-def loaded_cores() -> Iterator[None]:
-    """Two processes spinning on the CPU for the test's duration (the machine has two cores)."""
-    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
-    try:
-        yield
-    finally:
-        for h in hogs:
-            h.kill()
-            h.wait()
 
 
 def _grpo_like_batch(vocab: int) -> tuple[list[list[int]], list[list[int]]]:
@@ -55,25 +40,23 @@ def _grpo_like_batch(vocab: int) -> tuple[list[list[int]], list[list[int]]]:
     return prompts, completions
 
 
+def _gradients(model: PreTrainedModel, sb: SequenceBatch, signs: torch.Tensor) -> list[torch.Tensor]:
+    model.zero_grad(set_to_none=True)
+    logp = completion_logprobs(model, sb)
+    ((logp.sum(-1) * signs).sum() / sb.completion_mask.sum()).backward()
+    return [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+
 def test_learner_gradients_are_the_same_bits_under_cpu_load(
-    random_tiny_model: Path, loaded_cores: None, torch_two_threads: None
+    random_tiny_model: Path, torch_two_threads: None
 ) -> None:
     model = AutoModelForCausalLM.from_pretrained(random_tiny_model).train()
     prompts, completions = _grpo_like_batch(model.config.vocab_size)
     sb = build_batch(prompts, completions, pad_id=0)
     signs = torch.tensor([1.0 if i % 3 else -1.0 for i in range(len(prompts))])  # advantages' role
-    first: list[torch.Tensor] | None = None
-    for repeat in range(REPEATS):
-        model.zero_grad(set_to_none=True)
-        logp = completion_logprobs(model, sb)
-        ((logp.sum(-1) * signs).sum() / sb.completion_mask.sum()).backward()
-        grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
-        if first is None:
-            first = grads
-            continue
-        differing = [
-            name
-            for (name, _), a, b in zip(model.named_parameters(), first, grads, strict=True)
-            if not torch.equal(a, b)
-        ]
-        assert not differing, f"repeat {repeat}: gradients differ from the first in {differing}"
+    with cores_loaded():
+        repeats = [_gradients(model, sb, signs) for _ in range(REPEATS)]
+    names = [name for name, p in model.named_parameters() if p.grad is not None]
+    for i, grads in enumerate(repeats[1:], start=1):
+        differing = [n for n, a, b in zip(names, repeats[0], grads, strict=True) if not torch.equal(a, b)]
+        assert not differing, f"repeat {i}: gradients differ from the first in {differing}"
