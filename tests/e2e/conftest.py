@@ -173,3 +173,17 @@ class E2E:
 @pytest.fixture(scope="session")
 def e2e(random_tiny_model: Path) -> E2E:
     return E2E(random_tiny_model)
+
+
+TRAINED_TINY = Path(__file__).resolve().parents[2] / "models" / "tiny"
+
+
+@pytest.fixture(scope="session")
+def trained_tiny_model() -> Path:
+    """The `models/tiny` that `make demo` builds (the Makefile builds it before the tests; if it
+    is missing, this builds it, a few CPU minutes): for tests where learning is the point."""
+    if not (TRAINED_TINY / "sft_log.json").exists():
+        from cascade.model.build import build_tiny_model
+
+        build_tiny_model(TRAINED_TINY)
+    return TRAINED_TINY

@@ -494,7 +494,6 @@ def test_killed_learner_resumes_with_weights_and_teachers_restored(
     assert rows.eval_metrics == ref.eval_metrics  # sampled eval metrics and intervals too
 
 
-
 TRAINED_TINY = Path(__file__).resolve().parents[2] / "models" / "tiny"
 
 

@@ -17,20 +17,8 @@ from cascade.embedded import embedded_runner
 from cascade.store import repo
 from cascade.store.db import make_engine, session_scope
 
-ROOT = Path(__file__).resolve().parents[2]
-TINY = ROOT / "models" / "tiny"
-
 pytestmark = pytest.mark.slow
 STEPS = 100
-
-
-@pytest.fixture(scope="session")
-def trained_tiny_model() -> Path:
-    if not (TINY / "sft_log.json").exists():
-        from cascade.model.build import build_tiny_model
-
-        build_tiny_model(TINY)
-    return TINY
 
 
 def test_grpo_raises_math_on_the_trained_tiny_model(trained_tiny_model: Path, tmp_path: Path) -> None:

@@ -15,19 +15,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import yaml
 from cpu_load import cores_loaded
 
 ROOT = Path(__file__).resolve().parents[2]
-TRAINED_TINY = ROOT / "models" / "tiny"
 STEPS = 10
 
 
-def _demo_start(tmp_path: Path) -> Path:
+def _demo_start(model: Path, tmp_path: Path) -> Path:
     """The demo's math stage, cut to STEPS steps, with smaller evals."""
     data = yaml.safe_load((ROOT / "examples" / "tiny-cascade.yaml").read_text())
-    data["model"]["path"] = str(TRAINED_TINY)
+    data["model"]["path"] = str(model)
     data["output_dir"] = str(tmp_path / "runs")
     data["stages"] = data["stages"][:1]
     data["stages"][0]["advance"]["max_steps"] = STEPS
@@ -40,16 +38,16 @@ def _demo_start(tmp_path: Path) -> Path:
 
 
 def _run(config: Path, run_dir: Path) -> None:
-    cmd = [sys.executable, "-m", "cascade.cli", "run", str(config), "--run-dir", str(run_dir)]
-    cmd.append("--no-progress")
+    cmd = [sys.executable, "-m", "cascade.cli", "run", str(config)]
+    cmd += ["--run-dir", str(run_dir), "--no-progress"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
 
 
-def test_a_seeded_run_is_the_same_with_the_cores_loaded(e2e, tmp_path: Path) -> None:
-    if not (TRAINED_TINY / "config.json").exists():
-        pytest.skip("models/tiny not built (make test builds it first)")
-    config = _demo_start(tmp_path)
+def test_a_seeded_run_is_the_same_with_the_cores_loaded(
+    e2e, trained_tiny_model: Path, tmp_path: Path
+) -> None:
+    config = _demo_start(trained_tiny_model, tmp_path)
     _run(config, tmp_path / "idle")
     with cores_loaded():
         _run(config, tmp_path / "loaded")
