@@ -73,10 +73,16 @@ class MathReward(StrictModel):
     kind: Literal["math"] = "math"
     timeout_s: float = Field(5.0, gt=0)
     """Bound on one parse+verify (math-verify's own timeouts need the main thread)."""
+    max_response_chars: int = Field(32_000, ge=1)
+    """Longer final responses (after the reasoning block) get `output_limit` and the lowest
+    reward without being read (`cascade.domains.length_bound`)."""
 
 
 class CodeReward(StrictModel):
     kind: Literal["code"] = "code"
+    max_response_chars: int = Field(64_000, ge=1)
+    """Longer final responses (after the reasoning block) get `output_limit` and the lowest
+    reward without being read (`cascade.domains.length_bound`)."""
     mode: Literal["all_pass", "pass_fraction"] = "all_pass"
     time_limit_s: float = Field(2.0, gt=0)
     """One wall-clock budget per program: loading it and running all its tests."""
@@ -93,6 +99,9 @@ class CodeReward(StrictModel):
 
 class IfReward(StrictModel):
     kind: Literal["if"] = "if"
+    max_response_chars: int = Field(32_000, ge=1)
+    """Longer final responses (after the reasoning block) get `output_limit` and the lowest
+    reward without being read (`cascade.domains.length_bound`)."""
     mode: Literal["all_pass", "fraction"] = "all_pass"
     """`all_pass`: 1 only if every instruction holds; `fraction`: share of instructions held."""
 
@@ -101,6 +110,9 @@ class SweReward(StrictModel):
     """Execution-free patch reward: 1 exact, 0 no change, -1 unparseable, else similarity."""
 
     kind: Literal["swe"] = "swe"
+    max_response_chars: int = Field(64_000, ge=1)
+    """Longer final responses (after the reasoning block) get `output_limit` and the lowest
+    reward without being read (`cascade.domains.length_bound`)."""
     max_patch_chars: int = Field(20_000, ge=1)
     """Longer extracted patches score -1 (`output_limit`) before parsing."""
     max_changed_lines: int = Field(400, ge=1)

@@ -9,7 +9,7 @@ pulls in sympy).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,24 @@ _JSONL_FIELDS = {"id", "prompt", "answer", "meta", "domain"}
 
 
 def make_domain(domain_config: DomainConfig) -> Domain:
-    """The domain named by the config, with its reward settings (defaults when `reward` is None)."""
+    """The domain named by the config, with its reward settings (defaults when `reward` is None),
+    behind its response-length bound (`length_bound`: over-long answers are never read)."""
+    from cascade.domains.length_bound import bounded
+
+    reward = domain_config.reward or _DEFAULT_REWARDS[domain_config.name]()
+    return bounded(_make_verifier(domain_config), getattr(reward, "max_response_chars", None))
+
+
+_DEFAULT_REWARDS: dict[str, Callable[[], object]] = {
+    "math": MathReward,
+    "code": CodeReward,
+    "if": IfReward,
+    "swe": SweReward,
+    "rlhf": lambda: None,  # validated: rlhf always names its reward (and is not bounded)
+}
+
+
+def _make_verifier(domain_config: DomainConfig) -> Domain:
     reward = domain_config.reward
     if domain_config.name == "math":
         from cascade.domains.math import MathDomain

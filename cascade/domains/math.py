@@ -5,11 +5,11 @@ timeouts use SIGALRM and only work in a process's main thread, so this module di
 them and bounds each parse+verify itself:
 
 - in the main thread: an ITIMER_REAL deadline of `config.timeout_s` around parse+verify;
-- in any other thread (reward service handlers, the embedded learner's helper threads): the
-  same check runs in a worker process (lazily started, `spawn` context), where it is the
-  main thread again, with an outer wall-clock timeout on top. A worker that overruns that is
-  killed (reason `timeout`); a worker that dies is `infra_error` (the learner drops the
-  sample instead of scoring it 0).
+- in any other thread (the embedded learner's helper threads): the same check runs in a
+  pool of worker processes (`worker_pool.WorkerPool`, started on first use; `workers` of
+  them, by default one per core up to 4), where it is the main thread again, with an outer
+  wall-clock timeout on top. A worker that overruns that is killed (reason `timeout`); a
+  worker that dies is `infra_error` (the learner drops the sample instead of scoring it 0).
 
 Gold answers are read as the math they are, whatever their form (`gold_latex`): a gold of
 `3\\sqrt{2}` (LaTeX without delimiters, as in MATH/AIME/Olympiad answer keys) is parsed as
@@ -46,15 +46,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import multiprocessing
 import re
 import signal
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
-from concurrent.futures.process import BrokenProcessPool
 from random import Random
 from typing import Any
 
@@ -70,6 +66,7 @@ from cascade.domains.base import (
     RewardVerdict,
 )
 from cascade.domains.common import Candidate, LruCache, generate_problems, strip_thinking
+from cascade.domains.worker_pool import Outcome, WorkerPool, default_size
 
 log = logging.getLogger(__name__)
 
@@ -344,17 +341,20 @@ class MathDomain:
         cache_size: int = 4096,
         worker_grace_s: float = 2.0,
         worker_start_timeout_s: float = 120.0,
+        workers: int | None = None,
     ) -> None:
         self.config = config or MathReward()
         self.worker_grace_s = worker_grace_s
         """Extra seconds the outer (worker) timeout allows over `config.timeout_s`."""
         self.worker_start_timeout_s = worker_start_timeout_s
+        self.workers = workers or default_size(cap=4)
+        """Worker processes checking off the main thread (each holds its own sympy, ~150 MB)."""
         self._cache: LruCache[tuple[str, str], RewardVerdict] = LruCache(cache_size)
-        self._pool: ProcessPoolExecutor | None = None
+        self._pool: WorkerPool | None = None
         self._pool_lock = threading.Lock()
         self._worker_task: WorkerTask = check_answer
         """Function run in the worker process; module-level so it pickles (tests swap it)."""
-        self._finalizer = weakref.finalize(self, _shutdown_pool, [None])
+        self._finalizer: weakref.finalize[Any, Any] | None = None
 
     # ----------------------------------------------------------------- problems
 
@@ -391,71 +391,46 @@ class MathDomain:
         return [verdicts[key] for key in keys]
 
     def close(self) -> None:
-        """Stop the worker process, if one was started (it restarts on the next off-thread use)."""
+        """Stop the worker processes, if any were started (they restart on the next off-thread use)."""
         with self._pool_lock:
-            self._kill_pool()
-
-    # ----------------------------------------------------------------- worker process
-
-    def _start_pool(self) -> ProcessPoolExecutor:
-        if self._pool is None:
-            context = multiprocessing.get_context("spawn")
-            pool = ProcessPoolExecutor(max_workers=1, mp_context=context, initializer=_warm_worker)
-            self._pool = pool
-            self._finalizer.detach()
-            self._finalizer = weakref.finalize(self, _shutdown_pool, [pool])
-            pool.submit(_ping).result(timeout=self.worker_start_timeout_s)
-        return self._pool
-
-    def _kill_pool(self) -> None:
-        pool, self._pool = self._pool, None
+            pool, self._pool = self._pool, None
         if pool is not None:
-            _shutdown_pool([pool], kill=True)
+            pool.close()
+
+    # ----------------------------------------------------------------- worker processes
+
+    def _start_pool(self) -> WorkerPool:
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = WorkerPool(
+                    self.workers,
+                    initializer=_warm_worker,
+                    start_timeout_s=self.worker_start_timeout_s,
+                    name="cascade-math",
+                )
+                if self._finalizer is not None:
+                    self._finalizer.detach()
+                self._finalizer = weakref.finalize(self, self._pool.close)
+            return self._pool
 
     def _check_in_worker(self, items: list[tuple[str, str]]) -> list[Check]:
-        """Checks in the worker, in order; one worker, so each item gets a fresh outer timeout."""
-        results: list[Check] = []
-        restarts = 0
-        with self._pool_lock:
-            while len(results) < len(items):
-                rest = items[len(results) :]
-                try:
-                    pool = self._start_pool()
-                    futures = [pool.submit(self._worker_task, g, c, self.config.timeout_s) for g, c in rest]
-                except Exception as err:  # a pool that cannot start is an infra failure
-                    self._kill_pool()
-                    results += [(INFRA_ERROR, f"math worker failed to start: {err!r:.200}")] * len(rest)
-                    break
-                for future in futures:
-                    try:
-                        results.append(future.result(timeout=self.config.timeout_s + self.worker_grace_s))
-                        continue
-                    except FutureTimeout:
-                        results.append((TIMEOUT, f"worker exceeded {self.config.timeout_s:g}s (killed)"))
-                    except BrokenProcessPool:
-                        results.append((INFRA_ERROR, "math worker process died"))
-                    except Exception as err:  # an exception raised by the task itself
-                        results.append((INFRA_ERROR, f"math worker error: {err!r:.200}"))
-                        continue
-                    # Timed out or died: the worker is unusable; restart it for the rest.
-                    for other in futures:
-                        other.cancel()
-                    self._kill_pool()
-                    restarts += 1
-                    if restarts > 3:
-                        left = len(items) - len(results)
-                        results += [(INFRA_ERROR, "math worker keeps failing")] * left
-                    break
+        """Checks in the worker processes, in order; each item has its own outer timeout."""
+        timeout_s = self.config.timeout_s
+        results: list[Check] = [(INFRA_ERROR, "not checked")] * len(items)
+        tasks = [(gold, completion, timeout_s) for gold, completion in items]
+        for i, outcome in self._start_pool().run(
+            self._worker_task, tasks, timeout_s=timeout_s + self.worker_grace_s
+        ):
+            results[i] = _check_of(outcome, timeout_s)
         return results
 
 
-def _shutdown_pool(holder: list[ProcessPoolExecutor | None], kill: bool = False) -> None:
-    pool = holder[0]
-    if pool is None:
-        return
-    if kill:
-        # ProcessPoolExecutor cannot cancel a running task; kill its processes (private attribute).
-        for process in list((getattr(pool, "_processes", None) or {}).values()):
-            with contextlib.suppress(Exception):
-                process.kill()
-    pool.shutdown(wait=kill, cancel_futures=True)
+def _check_of(outcome: Outcome, timeout_s: float) -> Check:
+    if outcome.kind == "ok":
+        reason, detail = outcome.value
+        return str(reason), str(detail)
+    if outcome.kind == "timeout":  # the completion kept the check running past its deadline
+        return TIMEOUT, f"worker exceeded {timeout_s:g}s (killed)"
+    if outcome.kind == "died":
+        return INFRA_ERROR, f"math {outcome.detail}"
+    return INFRA_ERROR, f"math worker: {outcome.detail}"

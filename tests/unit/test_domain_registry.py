@@ -11,16 +11,24 @@ from cascade.domains import load_problems, make_domain, write_jsonl
 from cascade.domains.base import OK
 from cascade.domains.code import CodeDomain
 from cascade.domains.instruct import IfDomain
+from cascade.domains.length_bound import LengthBounded
 from cascade.domains.math import MathDomain
 
 
+def _verifier(domain: object, max_chars: int) -> object:
+    """The domain behind `make_domain`'s response-length bound."""
+    assert isinstance(domain, LengthBounded) and domain.max_chars == max_chars
+    return domain.inner
+
+
 def test_make_domain_uses_defaults_or_the_given_reward() -> None:
-    math = make_domain(DomainConfig(name="math"))
+    math = _verifier(make_domain(DomainConfig(name="math")), MathReward().max_response_chars)
     assert isinstance(math, MathDomain) and math.name == "math" and math.config == MathReward()
-    code = make_domain(DomainConfig(name="code", reward=CodeReward(mode="pass_fraction", time_limit_s=1)))
+    reward = CodeReward(mode="pass_fraction", time_limit_s=1, max_response_chars=100)
+    code = _verifier(make_domain(DomainConfig(name="code", reward=reward)), 100)
     assert isinstance(code, CodeDomain) and code.config.mode == "pass_fraction"
     assert code.limits.time_limit_s == 1
-    instruct = make_domain(DomainConfig(name="if", reward=IfReward(mode="fraction")))
+    instruct = _verifier(make_domain(DomainConfig(name="if", reward=IfReward(mode="fraction"))), 32_000)
     assert isinstance(instruct, IfDomain) and instruct.name == "if" and instruct.config.mode == "fraction"
 
 
