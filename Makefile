@@ -12,6 +12,9 @@ $(STAMP): pyproject.toml $(shell find proto -name '*.proto')
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev,tracking]'
+	# The tests' IFEval reference (lm-eval), with the venv's torch as a constraint (never another build).
+	$(PY) -c "import torch; print('torch==' + torch.__version__.split('+')[0])" > $(VENV)/torch-pin.txt
+	$(PY) -m pip install --quiet -c $(VENV)/torch-pin.txt -e '.[ifeval-ref]'
 	PY=$(PY) bash scripts/gen-proto.sh
 	touch $(STAMP)
 

@@ -6,9 +6,9 @@ lists), with IFEval's kwargs renamed to the rule's params. IFEval's strict "less
 None values are dropped. An id with no mapping is `UnknownInstruction` (naming it), or, with
 `unknown_instructions: skip`, an unconvertible row.
 
-Not mapped (no rule of ours checks them as IFEval does): `language:response_language`,
-`combination:repeat_prompt`, `detectable_format:number_bullet_lists` (IFEval counts `*` and `-`
-bullets among other lines; our `bullet_count` wants every line a `-` bullet).
+Every id of IFEval's registry is mapped. `change_case:english_capital` and `..._lowercase` are
+two rules each: the case rule and `response_language` `en` (the instruction says "in English").
+`combination:repeat_prompt` is `start_with_phrase` with the prompt to repeat.
 """
 
 from __future__ import annotations
@@ -81,8 +81,27 @@ IFEVAL_RULES: dict[str, Mapping_] = {
     ),
     "keywords:existence": _each_word("include_word", "keywords"),
     "keywords:forbidden_words": _each_word("exclude_word", "forbidden_words"),
-    "change_case:english_capital": _one("all_uppercase"),
-    "change_case:english_lowercase": _one("all_lowercase"),
+    "change_case:english_capital": lambda kw: [
+        ("all_uppercase", {}),
+        ("response_language", {"language": "en"}),
+    ],
+    "change_case:english_lowercase": lambda kw: [
+        ("all_lowercase", {}),
+        ("response_language", {"language": "en"}),
+    ],
+    "language:response_language": _one("response_language", language="language"),
+    "length_constraints:nth_paragraph_first_word": lambda kw: [
+        (
+            "paragraph_first_word",
+            {
+                "num_paragraphs": int(kw["num_paragraphs"]),
+                "nth_paragraph": int(kw["nth_paragraph"]),
+                "first_word": str(kw["first_word"]),
+            },
+        )
+    ],
+    "detectable_format:number_bullet_lists": lambda kw: [("markdown_bullets", {"n": int(kw["num_bullets"])})],
+    "combination:repeat_prompt": _one("start_with_phrase", phrase="prompt_to_repeat"),
     "change_case:capital_word_frequency": _counted(
         "uppercase_word_frequency", "capital_relation", "capital_frequency"
     ),

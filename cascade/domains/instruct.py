@@ -6,6 +6,12 @@ reference is correct by construction), e.g. `Words: red fox sun. 3 bullets. All 
 `- RED\\n- FOX\\n- SUN`. The rule that fixes the format always comes first, then the case rule,
 then extras (start/end word, include/avoid a word, no commas). Scoring checks each rule
 (`cascade.domains.if_rules`): reward 1/0 when all hold (`all_pass`) or the share held.
+
+The task itself, restating the words (`Words: red fox sun.`), is a rule too (`topic_words`,
+first in meta, its sentence the prompt's first): a gate. A reply that does not restate them (a
+bullet template, an empty JSON object, other words) earns 0 in either mode, whatever format
+rules it follows. Problems stored before the gate existed have no such rule and are scored as
+before.
 """
 
 from __future__ import annotations
@@ -28,9 +34,11 @@ from cascade.domains.if_rules import (
     NoCommas,
     Rule,
     StartWith,
+    TopicWords,
     WordCount,
     rule_from_json,
 )
+from cascade.domains.if_rules import check_rules as strict_check
 
 VOCAB = (
     "red fox sun cat dog tree sky sea moon star rain wind leaf bird fish rock hill lake road door "
@@ -69,14 +77,16 @@ def draw_if_problem(rng: Random) -> Candidate:
     rng.shuffle(extras)
     rules += extras[: max(0, target - len(rules))]
 
-    prompt = f"Words: {' '.join(topic)}. " + " ".join(rule.describe() for rule in rules)
+    rules.insert(0, TopicWords(words=topic))
+    prompt = " ".join(rule.describe() for rule in rules)  # "Words: red fox sun. 3 bullets. ..."
     meta = {"rules": [rule.to_json() for rule in rules], "format": fmt, "case": case}
     return prompt, answer, meta
 
 
 def check_rules(rules: Sequence[Rule], response: str) -> list[str]:
-    """Names of the rules `response` breaks."""
-    return [rule.name for rule in rules if not rule.check(response)]
+    """Names of the rules `response` breaks (strictly; a blank response breaks every rule)."""
+    held = strict_check(rules, response)
+    return [rule.name for rule, ok in zip(rules, held, strict=True) if not ok]
 
 
 class IfDomain:
@@ -103,8 +113,13 @@ class IfDomain:
         failed = check_rules(rules, response)
         if not failed:
             return RewardVerdict(1.0, OK)
-        reward = 0.0 if self.config.mode == "all_pass" else 1.0 - len(failed) / len(rules)
-        return RewardVerdict(reward, WRONG_ANSWER, "failed: " + ", ".join(failed))
+        gated = any(rule.gate and rule.name in failed for rule in rules)
+        if gated or self.config.mode == "all_pass":
+            reward = 0.0
+        else:
+            reward = 1.0 - len(failed) / len(rules)
+        detail = ("off topic; " if gated else "") + "failed: " + ", ".join(failed)
+        return RewardVerdict(reward, WRONG_ANSWER, detail)
 
     def score_batch(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[RewardVerdict]:
         if len(problems) != len(completions):

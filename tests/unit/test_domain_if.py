@@ -12,6 +12,7 @@ from cascade.domains.if_rules import REGISTRY, rule_from_json
 from cascade.domains.instruct import IfDomain
 
 REQUIRED_RULES = {
+    "topic_words",
     "all_uppercase",
     "all_lowercase",
     "word_count",
@@ -71,7 +72,8 @@ def test_problems_deterministic_short_and_disjoint() -> None:
     for p in a + evals + sft:
         assert len(p.prompt) <= 80 and len(p.answer) <= 40, p
         assert p.prompt.startswith("Words: ")
-        assert 2 <= len(p.meta["rules"]) <= 3
+        assert p.meta["rules"][0]["name"] == "topic_words"  # the gate, then 2-3 instructions
+        assert 3 <= len(p.meta["rules"]) <= 4
         json.dumps(p.meta)
     assert {p.meta["format"] for p in a} == {"plain", "bullets", "json"}
     assert {r["name"] for p in a for r in p.meta["rules"]} == REQUIRED_RULES
@@ -84,11 +86,46 @@ def test_prompt_states_every_rule() -> None:
 
 
 def test_every_reference_answer_scores_one() -> None:
+    """The tiny model's SFT data is these answers: each must pass every rule, the gate included,
+    in the demo's splits and sizes (examples/tiny-cascade.yaml) and the SFT split."""
     d = IfDomain()
-    problems = d.make_problems("train", 400, 0) + d.make_problems("eval", 100, 0)
+    problems = d.make_problems("train", 2000, 0) + d.make_problems("eval", 256, 0)
+    problems += d.make_problems("sft", 2000, 0)
     verdicts = d.score_batch(problems, [p.answer for p in problems])
     assert {v.reason for v in verdicts} == {OK}
     assert all(v.reward == 1.0 for v in verdicts)
+
+
+def test_prompts_are_unchanged_by_the_gate() -> None:
+    """The topic rule's sentence is the prompt's old opening, so the demo's prompts stay the same."""
+    p = IfDomain().make_problems("train", 1, 0)[0]
+    topic = p.meta["rules"][0]["params"]["words"]
+    assert p.prompt.startswith(f"Words: {' '.join(topic)}. ")
+    assert p.prompt == " ".join(rule_from_json(r).describe() for r in p.meta["rules"])
+
+
+def _gated() -> Problem:
+    rules = [
+        {"name": "topic_words", "params": {"words": ["red", "fox", "sun"]}},
+        {"name": "bullet_count", "params": {"n": 3}},
+        {"name": "all_uppercase", "params": {}},
+    ]
+    prompt = "Words: red fox sun. 3 bullets. All caps."
+    return Problem(
+        id="if-test-1", domain="if", prompt=prompt, answer="- RED\n- FOX\n- SUN", meta={"rules": rules}
+    )
+
+
+@pytest.mark.parametrize("mode", ["all_pass", "fraction"])
+def test_off_topic_reply_earns_nothing_in_either_mode(mode: str) -> None:
+    d = IfDomain(IfReward(mode=mode))  # type: ignore[arg-type]
+    p = _gated()
+    for template in ("- A\n- B\n- C", "- RED\n- RED\n- RED", "- CAT\n- DOG\n- OWL"):
+        verdict = d.score(p, template)
+        assert (verdict.reward, verdict.reason) == (0.0, WRONG_ANSWER), template
+        assert verdict.detail.startswith("off topic; failed: topic_words")
+    assert d.score(p, "- RED\n- FOX\n- SUN").reward == 1.0
+    assert d.score(p, "- red\n- fox\n- sun").reward == (0.0 if mode == "all_pass" else pytest.approx(2 / 3))
 
 
 def _problem() -> Problem:

@@ -133,7 +133,11 @@ def test_ifeval_rules(ext: str) -> None:
         {"name": "no_commas", "params": {}},
         {"name": "max_words", "params": {"n": 39}},  # "less than 40"
     ]
-    assert by_id["ifeval-1001"].meta["rules"][1] == {"name": "include_word", "params": {"word": "moon"}}
+    assert by_id["ifeval-1001"].meta["rules"] == [  # "in English, all lowercase": two rules
+        {"name": "all_lowercase", "params": {}},
+        {"name": "response_language", "params": {"language": "en"}},
+        {"name": "include_word", "params": {"word": "moon"}},
+    ]
     assert by_id["ifeval-1002"].meta["rules"][1] == {
         "name": "end_with_phrase",
         "params": {"phrase": "Is there anything else?"},
@@ -164,11 +168,41 @@ def test_ifeval_mapping_table() -> None:
         rules_for(["keywords:existence"], [{"keywords": ["two words"]}])
 
 
+def test_every_ifeval_id_is_mapped() -> None:
+    """The 25 ids of IFEval's registry, the four once unmapped among them."""
+    from cascade.domains.hf_ifeval import IFEVAL_RULES
+
+    assert len(IFEVAL_RULES) == 25
+    rules = rules_for(
+        [
+            "language:response_language",
+            "length_constraints:nth_paragraph_first_word",
+            "detectable_format:number_bullet_lists",
+            "combination:repeat_prompt",
+        ],
+        [
+            {"language": "fr"},
+            {"num_paragraphs": 3, "nth_paragraph": 2, "first_word": "ocean"},
+            {"num_bullets": 4},
+            {"prompt_to_repeat": "Write a haiku."},
+        ],
+    )
+    assert rules == [
+        {"name": "response_language", "params": {"language": "fr"}},
+        {
+            "name": "paragraph_first_word",
+            "params": {"num_paragraphs": 3, "nth_paragraph": 2, "first_word": "ocean"},
+        },
+        {"name": "markdown_bullets", "params": {"n": 4}},
+        {"name": "start_with_phrase", "params": {"phrase": "Write a haiku."}},
+    ]
+
+
 @pytest.mark.parametrize("ext", FORMATS)
 def test_ifeval_unknown_instruction_is_an_error_naming_it(ext: str) -> None:
     src = _source("ifeval", {"train": "ifeval_unknown/train"}, ext, n_eval=1)
     with pytest.raises(
-        HfSourceError, match="unknown IFEval instruction id 'language:response_language'"
+        HfSourceError, match="unknown IFEval instruction id 'multi-turn:constrained_start'"
     ) as err:
         load_hf(src, "if")
     assert "\n" not in str(err.value) and "prompts.adapter" in str(err.value)

@@ -10,6 +10,7 @@ import pytest
 from cascade.domains.if_rules import (
     REGISTRY,
     Rule,
+    blank_line_paragraphs,
     check_rules,
     loose_variants,
     paragraphs,
@@ -18,13 +19,27 @@ from cascade.domains.if_rules import (
     sentences,
 )
 
+GREEK_WORD = "\u03ba\u03b1\u03bb\u03b7\u03bc\u03ad\u03c1\u03b1"  # one word, no ASCII letter
+
 # (record, a response that satisfies it, one that does not); every registered rule appears.
 CASES: list[tuple[dict[str, Any], str, str]] = [
     ({"name": "all_uppercase"}, "RED FOX", "Red fox"),
+    ({"name": "all_uppercase"}, "\u0391\u0392\u0393 42", "\u732b\u548c\u72d7"),
+    ({"name": "all_uppercase"}, "RED FOX!", "RED \u732b"),
     ({"name": "all_lowercase"}, "red fox", "Red fox"),
+    ({"name": "all_lowercase"}, "caf\u00e9 au lait", "\u732b\u548c\u72d7"),
     ({"name": "word_count", "params": {"n": 3}}, "red fox sun", "red fox"),
+    (
+        {"name": "word_count", "params": {"n": 2}},
+        "don't caf\u00e9",
+        "\u03ba\u03b1\u03bb\u03b7\u03bc\u03ad\u03c1\u03b1",
+    ),
     ({"name": "include_word", "params": {"word": "fox"}}, "a FOX", "many foxes"),
+    ({"name": "include_word", "params": {"word": "fox"}}, "the fox's den", "a firefox"),
     ({"name": "exclude_word", "params": {"word": "cat"}}, "a dog", "a Cat"),
+    ({"name": "exclude_word", "params": {"word": "bad"}}, "a badge, don't", "the bad's end"),
+    ({"name": "topic_words", "params": {"words": ["red", "fox"]}}, '{"words": ["red", "fox"]}', "- A\n- B"),
+    ({"name": "topic_words", "params": {"words": ["red", "fox"]}}, "RED FOX", "red fox cat dog sun moon"),
     ({"name": "json_keys", "params": {"keys": ["a"]}}, '{"a": 1}', '{"b": 1}'),
     ({"name": "bullet_count", "params": {"n": 2}}, "- a\n- b", "- a\n- b\n- c"),
     ({"name": "start_with", "params": {"word": "RED"}}, "RED fox", "fox RED"),
@@ -44,11 +59,20 @@ CASES: list[tuple[dict[str, Any], str, str]] = [
     ),
     (
         {"name": "sentence_count", "params": {"relation": "at least", "n": 2}},
-        "A title line\nThen a sentence.",
-        "Only one sentence here.",
+        "Wait... what? Yes.",
+        "A title line\nThen one sentence, as Punkt counts it.",
     ),
-    ({"name": "paragraph_count", "params": {"n": 2}}, "First para.\n\nSecond para.", "Only one\nparagraph."),
-    ({"name": "paragraph_count", "params": {"n": 3}}, "a\n***\nb\n\n\n***\n\nc", "a\n\nb"),
+    (
+        {"name": "sentence_count", "params": {"relation": "exactly", "n": 2}},
+        f"{GREEK_WORD}. {GREEK_WORD}!",
+        "... ***",
+    ),
+    ({"name": "paragraph_count", "params": {"n": 2}}, "First para.\n***\nSecond para.", "First.\n\nSecond."),
+    (
+        {"name": "paragraph_count", "params": {"n": 3}},
+        "a\n***\nb\n\n\n***\n\nc\n***",
+        "a\n***\n\n***\nb\n***\nc",
+    ),
     (
         {"name": "keyword_frequency", "params": {"word": "fox", "relation": "at least", "n": 2}},
         "Fox and fox.",
@@ -77,8 +101,14 @@ CASES: list[tuple[dict[str, Any], str, str]] = [
     ),
     ({"name": "quotation"}, '  "hello there"\n', 'hello "there"'),
     ({"name": "quotation"}, "\u201chello\u201d", '"'),
+    (
+        {"name": "end_with_phrase", "params": {"phrase": "Any other questions?"}},
+        '"Done. Any other questions?"',
+        "Any other questions?!",
+    ),
     ({"name": "postscript", "params": {"marker": "P.S."}}, "Hi.\n\nP. S. see you", "Hi. PS see you"),
     ({"name": "postscript", "params": {"marker": "P.S."}}, "Hi.\np.s. later", "Hi.\nP.S."),
+    ({"name": "postscript", "params": {"marker": "P.S."}}, "Hi.\n**P.S.**\nsee you", "Look at the maps. see"),
     ({"name": "title"}, "<<My Poem>>\nroses", "<< >> roses <My Poem>"),
     ({"name": "placeholder_count", "params": {"n": 2}}, "Send [name] to [address].", "Send [name] to []."),
     ({"name": "highlight_count", "params": {"n": 2}}, "*one* and **two**", "*one* and ** ** and *\n*"),
@@ -87,9 +117,40 @@ CASES: list[tuple[dict[str, Any], str, str]] = [
         "Section 1\nfoo\nSection 2\nbar",
         "Section 1\nfoo\nsection two",
     ),
+    (
+        {"name": "section_count", "params": {"splitter": "SECTION", "n": 2}},
+        "## SECTION 1\nfoo\n**SECTION 2**\nbar",
+        "SECTION 1 and, as SECTION 2 says, more",
+    ),
     ({"name": "json_format"}, "```json\n[1, 2]\n```", '{"a": 1'),
     ({"name": "two_responses"}, "one\n******\ntwo", "one\n******\none"),
+    ({"name": "two_responses"}, "******\none\n******\ntwo\n******", "one\n******\n******\ntwo"),
     ({"name": "constrained_response"}, "I think so. My answer is yes.", "My answer is: yes"),
+    (
+        {"name": "constrained_response"},
+        "My answer is no. My answer is no.",
+        "My answer is yes. My answer is no. My answer is maybe.",
+    ),
+    ({"name": "json_format"}, '```JSON\n{"a": 1}\n```', "[" * 100_000 + "]" * 100_000),
+    ({"name": "response_language", "params": {"language": "fr"}}, "Bonjour, je suis un chat.", "12345 !!!"),
+    (
+        {"name": "response_language", "params": {"language": "en"}},
+        "The cat sat on the mat and looked out of the window.",
+        "Le chat est assis sur le tapis et regarde par la fen\u00eatre.",
+    ),
+    (
+        {"name": "markdown_bullets", "params": {"n": 2}},
+        "Intro:\n* one\n  - two\nEnd",
+        "* one\n---\n*two*\n- ",
+    ),
+    (
+        {
+            "name": "paragraph_first_word",
+            "params": {"num_paragraphs": 2, "nth_paragraph": 2, "first_word": "sea"},
+        },
+        "Intro here.\n\n**Sea's** waves.",
+        "Intro here.\n\nThe sea.",
+    ),
 ]
 
 ORIGINAL_TEMPLATES = {
@@ -193,10 +254,13 @@ def test_sentence_and_paragraph_splitting() -> None:
         "Then J. R. R. Tolkien left, i.e. fast!",
         "Pi is 3.14.",
         "Why?",
-        "- a bullet",
+        "- a bullet\n***",
     ]
     assert sentences("") == [] and sentences("...\n***") == []
-    assert paragraphs("\n\na\nb\n  \n***\nc\n\n") == ["a\nb", "c"]
+    assert paragraphs("\n***\na\nb\n  \n***\nc\n\n") == ["a\nb", "c"]
+    assert paragraphs("a\n***\n\n***\nb") == ["a", "", "b"]
+    assert paragraphs("***bold*** text\n\nmore") == ["***bold*** text\n\nmore"]
+    assert blank_line_paragraphs("\n\na\nb\n  \n\nc\n") == ["a\nb", "c"]
 
 
 def test_loose_accepts_a_leading_preamble_that_strict_refuses() -> None:

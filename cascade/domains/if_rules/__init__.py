@@ -7,8 +7,13 @@ Every rule class also states what it checks (`description`) and the params it ta
 unknown or mistyped param raises ValueError). New rules register with `@register`;
 `registry_spec()` lists them all.
 
-Every check is language-free and download-free: words are `[A-Za-z0-9']+` runs, sentences are
-split by a regex (see `sentences`), paragraphs by blank or `***` lines (see `paragraphs`).
+Every check is download-free and linear in the response's length (no backtracking regex; a
+long hostile completion scores in milliseconds): words are Unicode `\\w` runs joined by inner
+apostrophes (see `words`), sentences are split as Punkt splits them by a token scan (see
+`sentences`), paragraphs by `***` divider lines (see `paragraphs`). `response_language` alone
+uses a model, langdetect's bundled profiles (see `language`).
+
+A blank response follows no rule (as in IFEval's strict and loose checks).
 
 `check_rules(rules, response, mode)` checks a response in IFEval's two modes: `strict` checks
 the response as given; `loose` also accepts a rule if it holds on any non-empty variant of the
@@ -28,6 +33,7 @@ from cascade.domains.if_rules.basic import (
     JsonKeys,
     NoCommas,
     StartWith,
+    TopicWords,
     WordCount,
 )
 from cascade.domains.if_rules.core import (
@@ -41,7 +47,14 @@ from cascade.domains.if_rules.core import (
     rule_from_json,
     words,
 )
-from cascade.domains.if_rules.text import RELATIONS, Relation, compare, paragraphs, sentences
+from cascade.domains.if_rules.text import (
+    RELATIONS,
+    Relation,
+    blank_line_paragraphs,
+    compare,
+    paragraphs,
+    sentences,
+)
 
 __all__ = [
     "REGISTRY",
@@ -58,10 +71,12 @@ __all__ = [
     "Relation",
     "Rule",
     "StartWith",
+    "TopicWords",
     "WordCount",
     "check_rules",
     "compare",
     "loose_variants",
+    "blank_line_paragraphs",
     "paragraphs",
     "register",
     "registry_spec",

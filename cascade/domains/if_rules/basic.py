@@ -1,34 +1,95 @@
-"""The ten rules the toy `if` domain states in its prompts (case, counts, words, JSON...)."""
+"""The rules the toy `if` domain states in its prompts (topic, case, counts, words, JSON...)."""
 
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
-from cascade.domains.if_rules.core import BULLET_RE, Rule, register, words
+from cascade.domains.if_rules.core import Rule, is_bulleted, register, word_keys, words
+
+
+def _is_cased(char: str) -> bool:
+    return char.lower() != char.upper()
+
+
+def all_letters_cased(text: str) -> bool:
+    """Whether every letter of `text` has a case: a caseless script (Chinese, Japanese kana,
+    Arabic, ...) is neither all capitals nor all lowercase."""
+    return all(_is_cased(c) for c in text if c.isalpha())
+
+
+def load_json(text: str) -> tuple[bool, Any]:
+    """(ok, value) of a whole response as JSON, optionally in a markdown fence (```` ``` ```` or
+    ```` ```json ````, any case). Nesting too deep for the parser is not JSON (never an exception)."""
+    text = text.strip()
+    if text.startswith("```"):
+        text = text[3:]
+        if text[:4].lower() == "json":
+            text = text[4:]
+        if text.endswith("```"):
+            text = text[:-3]
+    try:
+        return True, json.loads(text)
+    except (ValueError, RecursionError):
+        return False, None
+
+
+@register
+class TopicWords(Rule):
+    """The toy domain's task itself: restate the given words. A gate: a reply that ignores them
+    earns nothing for following the format rules (an empty template, a JSON object with no
+    words, a list of other words)."""
+
+    name = "topic_words"
+    gate = True
+    template = "Words: {words_text}."
+    description = (
+        "Every word of `words` appears as a whole word (any case, possessive allowed), and they make "
+        "up at least half of the reply's words (no stuffing the reply with other words)."
+    )
+    arguments = {"words": list}
+
+    def validate(self) -> None:
+        given = self.params["words"]
+        if not given or not all(isinstance(w, str) and words(w) == [w] for w in given):
+            raise ValueError(f"rule {self.name!r}: words must be a non-empty list of single words")
+
+    def describe(self) -> str:
+        return self.template.format(words_text=" ".join(self.params["words"]))
+
+    def check(self, response: str) -> bool:
+        keys = word_keys(response)
+        wanted = {w.lower() for w in self.params["words"]}
+        on_topic = sum(1 for k in keys if k in wanted)
+        return wanted <= set(keys) and 2 * on_topic >= len(keys)
 
 
 @register
 class AllUppercase(Rule):
     name = "all_uppercase"
     template = "All caps."
-    description = "Every letter is uppercase (and there is at least one letter)."
+    description = (
+        "Every letter is a capital letter: at least one, and none lowercase or of a caseless "
+        "script (`str.isupper`, as IFEval, plus no caseless letters)."
+    )
     arguments = {}
 
     def check(self, response: str) -> bool:
-        return any(c.isalpha() for c in response) and response == response.upper()
+        return response.isupper() and all_letters_cased(response)
 
 
 @register
 class AllLowercase(Rule):
     name = "all_lowercase"
     template = "All lowercase."
-    description = "Every letter is lowercase (and there is at least one letter)."
+    description = (
+        "Every letter is a lowercase letter: at least one, and none uppercase or of a caseless "
+        "script (`str.islower`, as IFEval, plus no caseless letters)."
+    )
     arguments = {}
 
     def check(self, response: str) -> bool:
-        return any(c.isalpha() for c in response) and response == response.lower()
+        return response.islower() and all_letters_cased(response)
 
 
 @register
@@ -46,22 +107,22 @@ class WordCount(Rule):
 class IncludeWord(Rule):
     name = "include_word"
     template = "Use {word}."
-    description = "`word` appears as a whole word (case-insensitive)."
+    description = "`word` appears as a whole word (case-insensitive; a possessive `word's` counts)."
     arguments = {"word": str}
 
     def check(self, response: str) -> bool:
-        return self.params["word"].lower() in (w.lower() for w in words(response))
+        return self.params["word"].lower() in word_keys(response)
 
 
 @register
 class ExcludeWord(Rule):
     name = "exclude_word"
     template = "Avoid {word}."
-    description = "`word` does not appear as a whole word (case-insensitive)."
+    description = "`word` does not appear as a whole word (case-insensitive; nor as a possessive `word's`)."
     arguments = {"word": str}
 
     def check(self, response: str) -> bool:
-        return self.params["word"].lower() not in (w.lower() for w in words(response))
+        return self.params["word"].lower() not in word_keys(response)
 
 
 @register
@@ -79,14 +140,8 @@ class JsonKeys(Rule):
         return self.template.format(keys_text=self.keys_text)
 
     def check(self, response: str) -> bool:
-        text = response.strip()
-        if text.startswith("```"):
-            text = re.sub(r"^```(?:json)?\s*|\s*```$", "", text)
-        try:
-            value = json.loads(text)
-        except ValueError:
-            return False
-        return isinstance(value, dict) and all(key in value for key in self.params["keys"])
+        ok, value = load_json(response)
+        return ok and isinstance(value, dict) and all(key in value for key in self.params["keys"])
 
 
 @register
@@ -98,7 +153,7 @@ class BulletCount(Rule):
 
     def check(self, response: str) -> bool:
         lines = [line for line in response.splitlines() if line.strip()]
-        bullets = [line for line in lines if BULLET_RE.match(line)]
+        bullets = [line for line in lines if is_bulleted(line)]
         return len(bullets) == self.params["n"] and len(bullets) == len(lines)
 
 
@@ -126,12 +181,15 @@ class EndWith(Rule):
         return bool(found) and found[-1] == self.params["word"]
 
 
+COMMAS = (",", "\uff0c", "\u3001", "\ufe50", "\u060c")
+
+
 @register
 class NoCommas(Rule):
     name = "no_commas"
     template = "No commas."
-    description = "No comma anywhere."
+    description = "No comma anywhere (nor a full-width, ideographic or Arabic comma)."
     arguments = {}
 
     def check(self, response: str) -> bool:
-        return "," not in response
+        return not any(comma in response for comma in COMMAS)

@@ -1,25 +1,49 @@
-"""The rule base class, the registry, and strict/loose checking."""
+"""The rule base class, the registry, words, and strict/loose checking."""
 
 from __future__ import annotations
 
 import re
+import unicodedata
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
 
-WORD_RE = re.compile(r"[A-Za-z0-9']+")
-BULLET_RE = re.compile(r"^\s*-\s+\S")
+WORD_RE = re.compile(r"\w+(?:['\u2019]\w+)*")
+"""A word: a run of Unicode letters, digits or `_` (`\\w`, as IFEval counts), with apostrophes
+inside it (`don't` is one word; IFEval's `\\w+` makes it two)."""
+_POSSESSIVE = re.compile(r"['\u2019]s$")
+BULLET_RE = re.compile(r"-\s+\S")
+"""A `- ` bullet, matched at a line's first non-blank character (no `^\\s*`: linear on any line)."""
 
 
 def words(text: str) -> list[str]:
-    """Words of a response (letters, digits, apostrophes; punctuation and bullets are not words)."""
-    return WORD_RE.findall(text)
+    """Words of a response (see WORD_RE; punctuation and bullets are not words). The text is
+    NFC-normalised first, so a letter written with a combining accent (`cafe\u0301`) stays one word."""
+    return WORD_RE.findall(unicodedata.normalize("NFC", text))
+
+
+def word_key(word: str) -> str:
+    """The form a word is matched by: lowercased, a possessive `'s` dropped (`Bad's` -> `bad`)."""
+    return _POSSESSIVE.sub("", word.lower())
+
+
+def word_keys(text: str) -> list[str]:
+    """`word_key` of every word of `text`."""
+    return [word_key(w) for w in words(text)]
+
+
+def is_bulleted(line: str) -> bool:
+    """Whether `line` is a `- ` bullet (leading blanks allowed)."""
+    return BULLET_RE.match(line.lstrip()) is not None
 
 
 class Rule(ABC):
     """One verifiable instruction."""
 
     name: ClassVar[str]
+    gate: ClassVar[bool] = False
+    """A gate rule (the toy domain's topic) voids every other rule when it fails: the reply earns 0
+    in every reward mode, since instructions followed by a reply that ignores the task count for nothing."""
     template: ClassVar[str]
     """Sentence stated in the prompt, formatted with the params."""
     description: ClassVar[str]
@@ -122,8 +146,14 @@ def loose_variants(response: str) -> list[str]:
 def check_rules(rules: Sequence[Rule], response: str, mode: CheckMode = "strict") -> list[bool]:
     """Whether each rule holds: on `response` itself (`strict`) or on any loose variant (`loose`).
 
+    A blank response follows no instruction in either mode (as IFEval: "no commas" or "fewer
+    than 5 sentences" is not followed by saying nothing).
     (Not `cascade.domains.instruct.check_rules`, which names the broken rules, strictly.)
     """
+    if mode not in ("strict", "loose"):
+        raise ValueError(f"unknown mode {mode!r}; expected 'strict' or 'loose'")
+    if not response.strip():
+        return [False for _ in rules]
     if mode == "strict":
         return [rule.check(response) for rule in rules]
     if mode == "loose":

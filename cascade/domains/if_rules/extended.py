@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
-import json
 import re
+from typing import Any
 
-from cascade.domains.if_rules.core import WORD_RE, Rule, register, words
-from cascade.domains.if_rules.text import _CountRule, _require_text, _squash, paragraphs, sentences
+from cascade.domains.if_rules.basic import load_json
+from cascade.domains.if_rules.core import WORD_RE, Rule, register, word_key, word_keys, words
+from cascade.domains.if_rules.text import (
+    _CountRule,
+    _require_text,
+    _squash,
+    blank_line_paragraphs,
+    paragraphs,
+    sentences,
+)
 
 # --------------------------------------------------------------------------- length
 
@@ -49,14 +57,18 @@ class SentenceCount(_CountRule):
 @register
 class ParagraphCount(_CountRule):
     name = "paragraph_count"
-    template = "Write exactly {n} paragraphs, separated by blank lines or the markdown divider ***."
-    description = "Exactly `n` paragraphs, separated by blank lines or `***` lines (see `paragraphs`)."
+    template = "Write exactly {n} paragraphs, separated by the markdown divider ***."
+    description = (
+        "Exactly `n` non-empty paragraphs, separated by `***` divider lines (see `paragraphs`; "
+        "blank lines do not separate them, an empty paragraph between two dividers fails)."
+    )
     arguments = {"n": int}
 
     default_relation = "exactly"
 
     def count(self, response: str) -> int:
-        return len(paragraphs(response))
+        found = paragraphs(response)
+        return len(found) if all(found) else -1
 
 
 # --------------------------------------------------------------------------- frequencies
@@ -66,7 +78,9 @@ class ParagraphCount(_CountRule):
 class KeywordFrequency(_CountRule):
     name = "keyword_frequency"
     template = "Use the word {word} {relation} {n} times."
-    description = "Whole-word, case-insensitive occurrences of `word` are `relation` `n`."
+    description = (
+        "Whole-word, case-insensitive occurrences of `word` (possessives included) are `relation` `n`."
+    )
     arguments = {"word": str, "relation": str, "n": int}
 
     def validate(self) -> None:
@@ -76,7 +90,7 @@ class KeywordFrequency(_CountRule):
 
     def count(self, response: str) -> int:
         target = self.params["word"].lower()
-        return sum(1 for w in words(response) if w.lower() == target)
+        return sum(1 for key in word_keys(response) if key == target)
 
 
 @register
@@ -96,26 +110,36 @@ class LetterFrequency(_CountRule):
         return response.lower().count(self.params["letter"].lower())
 
 
+_CASED_WORD = re.compile(r"\w+(?:[-.'\u2019]\w+)*")
+"""A word for counting capitals: hyphens, inner full stops and apostrophes join (`WELL-KNOWN`,
+`U.S.`, `DON'T` are one word each, as NLTK's tokenizer keeps the first two)."""
+
+
+def cased_words(text: str) -> list[str]:
+    """Words as `_CASED_WORD` finds them, possessive `'s` dropped (`NASA's` -> `NASA`)."""
+    return [w[:-2] if w[-2:].lower() in ("'s", "\u2019s") else w for w in _CASED_WORD.findall(text)]
+
+
 @register
 class UppercaseWordFrequency(_CountRule):
     name = "uppercase_word_frequency"
     template = "Use {relation} {n} words in all capital letters."
-    description = "Words (see `words`) whose letters are all uppercase (`str.isupper`) are `relation` `n`."
+    description = "Words (see `cased_words`) all in capitals (`str.isupper`) are `relation` `n`."
     arguments = {"relation": str, "n": int}
 
     def count(self, response: str) -> int:
-        return sum(1 for w in words(response) if w.isupper())
+        return sum(1 for w in cased_words(response) if w.isupper())
 
 
 @register
 class LowercaseWordFrequency(_CountRule):
     name = "lowercase_word_frequency"
     template = "Use {relation} {n} words in all lowercase letters."
-    description = "Words (see `words`) whose letters are all lowercase (`str.islower`) are `relation` `n`."
+    description = "Words (see `cased_words`) all in lowercase (`str.islower`) are `relation` `n`."
     arguments = {"relation": str, "n": int}
 
     def count(self, response: str) -> int:
-        return sum(1 for w in words(response) if w.islower())
+        return sum(1 for w in cased_words(response) if w.islower())
 
 
 # --------------------------------------------------------------------------- start and end
@@ -139,14 +163,20 @@ class StartWithPhrase(Rule):
 class EndWithPhrase(Rule):
     name = "end_with_phrase"
     template = "End your response with the exact phrase: {phrase} No other words should follow it."
-    description = "The response ends with `phrase` (case-insensitive, whitespace runs collapsed)."
+    description = (
+        "The response ends with `phrase` (case-insensitive, whitespace runs collapsed; double quotes "
+        "around the whole response are ignored, as IFEval ignores them)."
+    )
     arguments = {"phrase": str}
 
     def validate(self) -> None:
         _require_text(self, "phrase")
 
     def check(self, response: str) -> bool:
-        return _squash(response).endswith(_squash(self.params["phrase"]))
+        return _squash(response.strip().strip(_DOUBLE_QUOTES)).endswith(_squash(self.params["phrase"]))
+
+
+_DOUBLE_QUOTES = '"\u201c\u201d'
 
 
 @register
@@ -163,23 +193,37 @@ class Quotation(Rule):
         )
 
 
+_MARKDOWN_LEAD = "#*_> \t"
+
+
 @register
 class Postscript(Rule):
     name = "postscript"
     template = "At the end of your response, add a postscript starting with {marker}"
     description = (
-        "A line starts with `marker` (case-insensitive; a space may follow each full stop, so "
-        "`P. S.` counts for `P.S.`) and some text follows it."
+        "A line starts with `marker` (case-insensitive; markdown emphasis or a heading mark may "
+        "precede it; a space may follow each full stop, so `P. S.` counts for `P.S.`) and some "
+        "text follows it. A marker inside a line (`...maps.`) is not a postscript."
     )
     arguments = {"marker": str}
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        parts = [re.escape(c) + (r" ?" if c == "." else "") for c in self.params["marker"].strip()]
+        self._marker = re.compile("".join(parts), re.IGNORECASE)
 
     def validate(self) -> None:
         _require_text(self, "marker")
 
     def check(self, response: str) -> bool:
-        parts = [re.escape(c) + (r"\s?" if c == "." else "") for c in self.params["marker"].strip()]
-        pattern = re.compile(r"^\s*" + "".join(parts) + r".*\S", re.IGNORECASE | re.MULTILINE)
-        return pattern.search(response) is not None
+        lines = response.splitlines()
+        last_with_words = max((i for i, line in enumerate(lines) if WORD_RE.search(line)), default=-1)
+        for index, line in enumerate(lines):
+            body = line.lstrip(_MARKDOWN_LEAD)
+            found = self._marker.match(body)
+            if found is not None and (WORD_RE.search(body, found.end()) or index < last_with_words):
+                return True
+        return False
 
 
 # --------------------------------------------------------------------------- markup
@@ -228,21 +272,26 @@ class HighlightCount(_CountRule):
 class SectionCount(_CountRule):
     name = "section_count"
     template = "Your response must have {n} sections; start each with {splitter} X, where X is its number."
-    description = "At least `n` lines start with `splitter` then a number (e.g. `Section 1`)."
+    description = (
+        "At least `n` lines start with `splitter` then a number (`Section 1`; case-sensitive; a "
+        "markdown heading or emphasis may precede it: `## Section 1`, `**Section 1**`)."
+    )
     arguments = {"splitter": str, "n": int}
 
     def validate(self) -> None:
         super().validate()
         _require_text(self, "splitter")
 
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        self._start = re.compile(re.escape(self.params["splitter"].strip()) + r" ?\d+")
+
     def count(self, response: str) -> int:
-        pattern = re.compile(r"^\s*" + re.escape(self.params["splitter"].strip()) + r"\s+\d+", re.MULTILINE)
-        return len(pattern.findall(response))
+        return sum(1 for line in response.splitlines() if self._start.match(line.lstrip(_MARKDOWN_LEAD)))
 
 
 # --------------------------------------------------------------------------- whole-response formats
 
-_JSON_FENCE = re.compile(r"^```(?:json)?\s*|\s*```$", re.IGNORECASE)
 CONSTRAINED_OPTIONS = ("My answer is yes.", "My answer is no.", "My answer is maybe.")
 
 
@@ -254,23 +303,25 @@ class JsonFormat(Rule):
     arguments = {}
 
     def check(self, response: str) -> bool:
-        text = _JSON_FENCE.sub("", response.strip())
-        try:
-            json.loads(text)
-        except ValueError:
-            return False
-        return True
+        return load_json(response)[0]
 
 
 @register
 class TwoResponses(Rule):
     name = "two_responses"
     template = "Give two different responses, separated by six asterisks: ******"
-    description = "Exactly two non-blank, different parts separated by `******`."
+    description = (
+        "Exactly two non-blank, different parts separated by `******` (blank pieces before the "
+        "first or after the last separator are ignored, a blank one between two is not)."
+    )
     arguments = {}
 
     def check(self, response: str) -> bool:
         parts = [part.strip() for part in response.split("******")]
+        while parts and not parts[0]:
+            parts.pop(0)
+        while parts and not parts[-1]:
+            parts.pop()
         return len(parts) == 2 and all(parts) and parts[0] != parts[1]
 
 
@@ -278,8 +329,83 @@ class TwoResponses(Rule):
 class ConstrainedResponse(Rule):
     name = "constrained_response"
     template = "Answer with one of: My answer is yes. / My answer is no. / My answer is maybe."
-    description = "Contains one of the fixed options `My answer is yes.`, `... no.`, `... maybe.`."
+    description = (
+        "Contains exactly one of the fixed options `My answer is yes.`, `... no.`, `... maybe.` "
+        "(repeating it is fine; giving two or all of them answers nothing)."
+    )
     arguments = {}
 
     def check(self, response: str) -> bool:
-        return any(option in response for option in CONSTRAINED_OPTIONS)
+        return sum(1 for option in CONSTRAINED_OPTIONS if option in response) == 1
+
+
+# --------------------------------------------------------------------------- language, bullets, nth paragraph
+
+
+@register
+class ResponseLanguage(Rule):
+    name = "response_language"
+    template = "Your entire response should be in the language with ISO 639-1 code {language}."
+    description = (
+        "`langdetect` (seeded, so the verdict is the same every time) names `language` as the "
+        "response's language. A response with nothing to detect (no letters) is in no language."
+    )
+    arguments = {"language": str}
+
+    def validate(self) -> None:
+        _require_text(self, "language")
+
+    def check(self, response: str) -> bool:
+        from cascade.domains.if_rules.language import detect_language
+
+        return detect_language(response) == self.params["language"]
+
+
+@register
+class MarkdownBullets(_CountRule):
+    name = "markdown_bullets"
+    template = "Your answer must contain exactly {n} bullet points, in markdown: * like this."
+    description = (
+        "Exactly `n` lines are markdown bullets (`* `, `- ` or `+ ` then text, any indent); other "
+        "lines may surround them. A `---` rule or a `*emphasis*` line is not a bullet."
+    )
+    arguments = {"n": int}
+
+    default_relation = "exactly"
+
+    def count(self, response: str) -> int:
+        return sum(1 for line in response.splitlines() if _is_markdown_bullet(line))
+
+
+def _is_markdown_bullet(line: str) -> bool:
+    body = line.lstrip()
+    return len(body) > 2 and body[0] in "*-+" and body[1] in " \t" and not body[2:].isspace()
+
+
+@register
+class ParagraphFirstWord(Rule):
+    name = "paragraph_first_word"
+    template = (
+        "There should be {num_paragraphs} paragraphs, separated by blank lines. Paragraph "
+        "{nth_paragraph} must start with the word {first_word}."
+    )
+    description = (
+        "Exactly `num_paragraphs` paragraphs separated by blank lines (see "
+        "`blank_line_paragraphs`), and the first word of paragraph `nth_paragraph` (1-based) is "
+        "`first_word` (case-insensitive; markdown and quotes before it ignored)."
+    )
+    arguments = {"num_paragraphs": int, "nth_paragraph": int, "first_word": str}
+
+    def validate(self) -> None:
+        n, nth = self.params["num_paragraphs"], self.params["nth_paragraph"]
+        if not 1 <= nth <= n:
+            raise ValueError(f"rule {self.name!r}: need 1 <= nth_paragraph <= num_paragraphs, got {nth}, {n}")
+        if len(words(self.params["first_word"])) != 1:
+            raise ValueError(f"rule {self.name!r}: first_word must be one word")
+
+    def check(self, response: str) -> bool:
+        found = blank_line_paragraphs(response)
+        if len(found) != self.params["num_paragraphs"]:
+            return False
+        first = WORD_RE.search(found[self.params["nth_paragraph"] - 1])
+        return first is not None and word_key(first.group()) == word_key(self.params["first_word"])

@@ -9,58 +9,93 @@ from cascade.domains.if_rules.core import WORD_RE, Rule
 
 # --------------------------------------------------------------------------- text units
 
-_SENTENCE_END = re.compile(r"[.!?]+[\"'\u201d)\]]*(?=\s|$)")
+_TOKEN = re.compile(r"\S+")
+_CLOSERS = "\"'\u201d\u2019)]}*_"
+_OPENERS = "\"'\u201c\u2018([{*_"
 _ABBREVIATIONS = frozenset(
-    "e.g. i.e. etc. vs. cf. mr. mrs. ms. dr. prof. st. jr. sr. no. fig. approx. inc. ltd.".split()
+    "e.g i.e etc vs cf mr mrs ms dr prof st jr sr fig approx inc ltd co corp jan feb mar apr jun "
+    "jul aug sep sept oct nov dec mon tue wed thu fri sat sun u.s u.k a.m p.m ph.d".split()
 )
-_SEPARATOR_LINE = re.compile(r"^\s*(?:\*{3,}\s*)?$")
+
+
+def _ends_sentence(token: str) -> bool:
+    """Whether a whitespace-separated token closes a sentence: it ends in `.`, `!` or `?` (closing
+    quotes and brackets may follow), and a full stop is not that of an abbreviation or initial."""
+    core = token.rstrip(_CLOSERS)
+    if not core or core[-1] not in ".!?":
+        return False
+    if core[-1] != ".":
+        return True
+    if core.endswith(".."):
+        return False  # an ellipsis trails off; Punkt does not end the sentence there
+    stem = core[:-1].lstrip(_OPENERS).lower()
+    return not (stem in _ABBREVIATIONS or (len(stem) == 1 and stem.isalpha()))
 
 
 def sentences(text: str) -> list[str]:
-    """Sentences of a response, split by regex (no NLTK).
+    """Sentences of a response, split as Punkt (the splitter IFEval counts with) splits them, by a
+    linear scan of whitespace-separated tokens, no model.
 
-    A sentence ends at a run of `.`, `!` or `?` (optionally followed by closing quotes or
-    brackets) that is followed by whitespace or the end of the text, and at every line break.
-    A full stop right after a known abbreviation (`e.g.`, `Dr.`, ...) or a single-letter initial
-    does not end a sentence; a full stop inside a token (`3.14`, `a.b`) never does. Pieces with
-    no word character (a lone `***` line, a bullet dash) are not sentences.
+    A sentence ends with a token ending in `.`, `!` or `?` (closing quotes or brackets may
+    follow it); a full stop inside a token (`3.14`, `a.b`) never ends one, nor does that of a
+    known abbreviation (`e.g.`, `Dr.`, ...), of an ellipsis (`...`) or of a one-letter initial
+    (`J.`). Line breaks are
+    not sentence ends (a list of unpunctuated bullets is one sentence, as Punkt counts it).
+    Text after the last end is a sentence if it has a word; pieces with no word character are not
+    sentences.
     """
     found: list[str] = []
-    for line in text.splitlines():
-        start = 0
-        for match in _SENTENCE_END.finditer(line):
-            tokens = line[start : match.start()].split()
-            last = tokens[-1] if tokens else ""
-            if match.group().startswith(".") and (
-                last.lower() + "." in _ABBREVIATIONS or (len(last) == 1 and last.isalpha())
-            ):
-                continue
-            piece = line[start : match.end()].strip()
+    start = None
+    for match in _TOKEN.finditer(text):
+        if start is None:
+            start = match.start()
+        if _ends_sentence(match.group()):
+            piece = text[start : match.end()]
             if WORD_RE.search(piece):
                 found.append(piece)
-            start = match.end()
-        rest = line[start:].strip()
-        if WORD_RE.search(rest):
-            found.append(rest)
+            start = None
+    if start is not None and WORD_RE.search(text, start):
+        found.append(text[start:].strip())
     return found
 
 
-def paragraphs(text: str) -> list[str]:
-    """Paragraphs: maximal runs of lines between separator lines (blank, or `***` markdown dividers).
+def _is_divider(line: str) -> bool:
+    """A markdown divider line: three or more `*` and nothing else but blanks."""
+    stripped = line.strip()
+    return len(stripped) >= 3 and stripped.strip("*") == ""
 
-    Several separator lines in a row count as one separator (no empty paragraphs).
-    """
+
+def paragraphs(text: str) -> list[str]:
+    """Paragraphs as IFEval's "separated by the markdown divider `***`" means them: the text between
+    divider lines (see `_is_divider`). Blank lines do not separate paragraphs. Leading and
+    trailing empty pieces are dropped; an empty piece between two dividers is kept (as "")."""
+    pieces: list[list[str]] = [[]]
+    for line in text.splitlines():
+        if _is_divider(line):
+            pieces.append([])
+        else:
+            pieces[-1].append(line)
+    found = ["\n".join(lines).strip() for lines in pieces]
+    while found and not found[0]:
+        found.pop(0)
+    while found and not found[-1]:
+        found.pop()
+    return found
+
+
+def blank_line_paragraphs(text: str) -> list[str]:
+    """Paragraphs separated by blank lines (IFEval's "separated by two new lines" for the nth
+    paragraph's first word); blank paragraphs are dropped."""
     found: list[str] = []
     current: list[str] = []
     for line in text.splitlines():
-        if _SEPARATOR_LINE.match(line):
-            if current:
-                found.append("\n".join(current))
-                current = []
-        else:
+        if line.strip():
             current.append(line)
+        elif current:
+            found.append("\n".join(current).strip())
+            current = []
     if current:
-        found.append("\n".join(current))
+        found.append("\n".join(current).strip())
     return found
 
 

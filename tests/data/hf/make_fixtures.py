@@ -169,9 +169,10 @@ IFEVAL = [
 IFEVAL_UNKNOWN = [
     {
         "key": 2000,
-        "prompt": "Answer in French.",
-        "instruction_id_list": ["language:response_language"],
-        "kwargs": [{"language": "fr"}],
+        "prompt": "Start your answer with Bonjour.",
+        # An id IFEval's own registry leaves disabled: no rule of ours maps it.
+        "instruction_id_list": ["multi-turn:constrained_start"],
+        "kwargs": [{"starter": "Bonjour"}],
     },
 ]
 
