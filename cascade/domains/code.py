@@ -2,10 +2,18 @@
 
 A prompt shows `f(2)=5 f(7)=10 f(0)=3. Write f.`; the reference answer is one canonical
 program per family (`def f(x):\\n    return x+3`). The verifier runs the program on the three
-shown and three hidden inputs in the sandbox (`cascade.domains.sandbox`): reward 1/0 when
-every test passes (`all_pass`, stopping at the first failure) or the share passed
-(`pass_fraction`). The shown examples are chosen so that no other function of the families
-agrees with them but differs on the hidden inputs: a correct answer is inferable.
+shown and three hidden inputs in the sandbox (`cascade.domains.sandbox`). The shown examples
+are chosen so that no other function of the families agrees with them but differs on the
+hidden inputs: a correct answer is inferable.
+
+Rewards (a problem's `meta["n_shown"]` first tests are the ones its prompt shows; 0 if unset):
+- `all_pass`: 1 when every test passes, else 0 (stopping at the first failure);
+- `pass_fraction`: pays only for what the prompt did not give away. The shown tests are
+  required but not paid: unless every one of them passes the reward is 0; then it is the share
+  of the hidden tests passed (1 when all pass; a problem with no hidden test pays 1 only when
+  all pass). A lookup table of the shown examples earns 0, not 3/6.
+Values compare exactly for ints and bools and within 1e-6 relative for floats
+(`sandbox_harness._same_value`).
 """
 
 from __future__ import annotations
@@ -151,15 +159,33 @@ class CodeDomain:
             jobs, self.limits, workers=self.workers, backend=self.config.sandbox, settings=self.settings
         )
         for i, result in zip(slots, results, strict=True):
-            verdicts[i] = self._verdict(result, all_pass)
+            verdicts[i] = self._verdict(result, all_pass, problems[i].meta.get("n_shown", 0))
         return [v for v in verdicts if v is not None]
 
     @staticmethod
-    def _verdict(result: ExecResult, all_pass: bool) -> RewardVerdict:
+    def _verdict(result: ExecResult, all_pass: bool, n_shown: object = 0) -> RewardVerdict:
         if result.status == INFRA_ERROR:
             return RewardVerdict(0.0, INFRA_ERROR, result.detail)
         if result.status == OK:
             return RewardVerdict(1.0, OK)
-        reward = 0.0 if all_pass or result.total == 0 else result.passed / result.total
         detail = f"{result.passed}/{result.total} passed; {result.detail}"
-        return RewardVerdict(reward, result.status, detail)
+        if all_pass:
+            return RewardVerdict(0.0, result.status, detail)
+        if type(n_shown) is not int or not 0 <= n_shown <= result.total:  # the problem's fault
+            return RewardVerdict(0.0, INFRA_ERROR, f"bad n_shown {n_shown!r} for {result.total} tests")
+        reward, counted = hidden_fraction(result.passed_tests, n_shown, result.total)
+        return RewardVerdict(reward, result.status, f"{counted}; {detail}")
+
+
+def hidden_fraction(passed_tests: Sequence[int], n_shown: int, total: int) -> tuple[float, str]:
+    """`pass_fraction`'s reward for a program that did not pass every test, and why: 0 unless
+    all `n_shown` shown tests passed, else the share of the hidden ones passed."""
+    passed = set(passed_tests)
+    shown_passed = sum(1 for n in range(n_shown) if n in passed)
+    if shown_passed < n_shown:
+        return 0.0, f"{shown_passed}/{n_shown} shown tests passed (all are required)"
+    hidden = total - n_shown
+    hidden_passed = sum(1 for n in range(n_shown, total) if n in passed)
+    if hidden == 0:
+        return 0.0, "no hidden test"
+    return hidden_passed / hidden, f"{hidden_passed}/{hidden} hidden tests passed"

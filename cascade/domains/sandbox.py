@@ -49,6 +49,7 @@ from cascade.domains.sandbox_harness import (
     SandboxLimits,
     clean_text,
     kill_group,
+    passed_indices,
 )
 from cascade.sandbox.pool import BwrapSettings, SandboxUnavailable, shared_pool
 
@@ -92,6 +93,8 @@ class ExecResult:
     total: int
     detail: str = ""
     seconds: float = 0.0
+    passed_tests: tuple[int, ...] = ()
+    """Indices (into the job's tests) of the tests passed; `passed` is their number."""
 
 
 def run_jobs(
@@ -171,12 +174,15 @@ def resolve_backend(backend: Backend, workers: int = 2, settings: BwrapSettings 
 
 
 def _exec_result(record: dict[str, Any]) -> ExecResult:
+    total = int(record.get("total", 0))
+    passed = passed_indices(record.get("passed_tests"), total)
     return ExecResult(
         clean_text(record.get("status", INFRA_ERROR), 64),
         int(record.get("passed", 0)),
-        int(record.get("total", 0)),
+        total,
         clean_text(record.get("detail", "")),
         float(record.get("seconds", 0.0)),
+        tuple(passed),
     )
 
 

@@ -2,7 +2,8 @@
 
 Run as `python -I -S sandbox_harness.py` by `cascade.domains.sandbox.run_jobs`, which writes
 `{"limits": ..., "workers": n, "workdir": dir, "jobs": [...]}` to its stdin; it prints one JSON line per
-finished job (`{"i", "status", "passed", "total", "detail", "seconds"}`), in completion order.
+finished job (`{"i", "status", "passed", "passed_tests", "total", "detail", "seconds"}`), in
+completion order.
 Stdlib only (it runs without site-packages and without the `cascade` package on its path).
 
 Per job, at most `workers` at a time, the harness forks a child that: starts a new session;
@@ -10,7 +11,7 @@ points fds 0-2 at /dev/null; sets RLIMIT_CORE/CPU/FSIZE/NOFILE/NPROC/AS; chdirs 
 temporary directory (removed afterwards); when the harness runs as root, drops to a throwaway
 uid (RLIMIT_NPROC, which root ignores, then holds, and `kill(-1)` from that uid reaps every
 process the program left, even outside its process group); execs the code; runs the tests with
-`sys.stdout`/`sys.stderr` capped; and reports over a pipe (`+` per passed test, then a JSON
+`sys.stdout`/`sys.stderr` capped; and reports over a pipe (`+<n>` per passed test n, then a JSON
 line). The harness kills the child's process group at the wall-clock limit and maps what
 happened to a reason:
 
@@ -20,7 +21,8 @@ happened to a reason:
 - `output_limit`: more than `max_output_bytes` written to stdout+stderr (voids all passes);
 - `parse_error`: SyntaxError, or no callable entry point after running the module;
 - `runtime_error`: an exception, a non-zero SystemExit, an exit or signal before reporting;
-- `wrong_answer`: a test's result differs (JSON-normalised; floats with rel. tol. 1e-6).
+- `wrong_answer`: a test's result differs (JSON-normalised, then `_same_value`: ints exactly,
+  floats with rel. tol. 1e-6, bools only as bools).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ import signal
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 # Reasons (the same strings as cascade.domains.base; this file cannot import the package).
@@ -109,7 +111,7 @@ class _Running:
     started: float
     deadline: float
     buffer: bytes = b""
-    passed: int = 0
+    passed: list[int] = field(default_factory=list)
     final: dict[str, Any] | None = None
     eof: bool = False
     timed_out: bool = False
@@ -212,11 +214,12 @@ def _read_reports(job: _Running) -> None:
     job.buffer += chunk
     *lines, job.buffer = job.buffer.split(b"\n")
     for line in lines:
-        if line == b"+":
-            job.passed += 1
+        if line.startswith(b"+") and line[1:].isdigit():
+            job.passed.append(int(line[1:]))
         elif line and job.final is None:
-            with contextlib.suppress(ValueError):
-                job.final = json.loads(line)
+            with contextlib.suppress(ValueError, RecursionError):
+                final = json.loads(line)
+                job.final = final if isinstance(final, dict) else None
     if len(job.buffer) > 65536:  # a program writing junk into our pipe
         job.eof = True
 
@@ -234,13 +237,16 @@ def _finish(job: _Running, limits: SandboxLimits) -> dict[str, Any]:
     record: dict[str, Any] = {"i": job.index, "total": job.total, "seconds": round(seconds, 4)}
     final = job.final
     if final is not None:
+        passed = passed_indices(final.get("passed_tests"), job.total)
         record.update(
-            status=final.get("status", RUNTIME_ERROR),
-            passed=int(final.get("passed", 0)),
+            status=clean_text(final.get("status", RUNTIME_ERROR), 64),
+            passed=len(passed),
+            passed_tests=passed,
             detail=clean_text(final.get("detail", "")),
         )
         return record
-    record["passed"] = job.passed
+    passed = passed_indices(job.passed, job.total)
+    record.update(passed=len(passed), passed_tests=passed)
     near_memory_limit = usage.ru_maxrss * 1024 >= 0.9 * limits.memory_mb * 2**20
     if job.timed_out:
         record.update(status=TIMEOUT, detail=f"killed after {limits.time_limit_s:g}s wall clock")
@@ -254,6 +260,13 @@ def _finish(job: _Running, limits: SandboxLimits) -> dict[str, Any]:
         code = os.waitstatus_to_exitcode(status)
         record.update(status=RUNTIME_ERROR, detail=f"exited with code {code} before finishing its tests")
     return record
+
+
+def passed_indices(value: Any, total: int) -> list[int]:
+    """Distinct test indices in 0..total-1 from a reported list (anything else reads as none)."""
+    if not isinstance(value, list):
+        return []
+    return sorted({n for n in value if type(n) is int and 0 <= n < total})
 
 
 def _kill_uid(uid: int) -> None:
@@ -375,14 +388,13 @@ def _run_tests(job: dict[str, Any], limits: SandboxLimits, report_fd: int) -> No
     stdout, stderr = _CappedStream(budget, keep=True), _CappedStream(budget, keep=False)
     sys.stdout, sys.stderr = stdout, stderr
     tests: list[dict[str, Any]] = job["tests"]
-    passed = 0
+    passed: list[int] = []
 
     def report(status: str, detail: str = "") -> None:
-        nonlocal passed
         if budget[1]:  # even if the program caught the exception: no credit
             status, detail = OUTPUT_LIMIT, f"more than {limits.max_output_bytes} bytes of output"
-            passed = 0
-        line = json.dumps({"status": status, "passed": passed, "detail": detail[:_DETAIL_CHARS]})
+            passed.clear()
+        line = json.dumps({"status": status, "passed_tests": passed, "detail": detail[:_DETAIL_CHARS]})
         os.write(report_fd, line.encode() + b"\n")
 
     try:
@@ -418,8 +430,8 @@ def _run_tests(job: dict[str, Any], limits: SandboxLimits, report_fd: int) -> No
             failure = _classify(err)
         else:
             if ok:
-                passed += 1
-                os.write(report_fd, b"+\n")
+                passed.append(number)
+                os.write(report_fd, f"+{number}\n".encode())
                 continue
             failure = (WRONG_ANSWER, f"test {number}: {shown} = {_short(got)}, expected {_short(expected)}")
         first_failure = first_failure or failure
@@ -464,19 +476,47 @@ def _normalise(value: Any) -> Any:
 
 
 def _same_value(got: Any, expected: Any) -> bool:
+    """Whether a returned value (made plain JSON data first) is the expected one.
+
+    The rules, the same for both backends and at any depth of lists and dicts:
+    - a bool equals only the same bool (True is not 1, 1 is not True);
+    - an int expectation is met exactly: by the same int, or by a float of exactly that value
+      (3.0 for 3, as Python's `==` says); never by a float merely close to it;
+    - a float expectation is met by an int or float within 1e-6 relative (1e-9 absolute);
+      infinities only by the same infinity, NaN only by NaN;
+    - str and None exactly; lists by length and item by item; dicts by keys and value by value.
+    """
     try:
-        got = _normalise(got)
-    except BaseException:
+        return _equal(_normalise(got), expected)
+    except BaseException:  # RecursionError on nesting, anything else a hostile value raises
         return False
-    if isinstance(got, bool) != isinstance(expected, bool):
-        return False
-    if (
-        isinstance(got, int | float)
-        and isinstance(expected, int | float)
-        and (isinstance(got, float) or isinstance(expected, float))
-    ):
+
+
+def _equal(got: Any, expected: Any) -> bool:
+    """`_same_value` on plain JSON data (recursion bounded by `expected`'s depth)."""
+    if isinstance(expected, bool) or isinstance(got, bool):
+        return type(got) is bool and type(expected) is bool and got is expected
+    if isinstance(expected, int):
+        return type(got) in (int, float) and got == expected
+    if isinstance(expected, float):
+        if type(got) not in (int, float):
+            return False
+        if math.isnan(expected) or (isinstance(got, float) and math.isnan(got)):
+            return isinstance(got, float) and math.isnan(got) and math.isnan(expected)
         return math.isclose(got, expected, rel_tol=1e-6, abs_tol=1e-9)
-    return bool(got == expected)
+    if isinstance(expected, list):
+        return (
+            type(got) is list
+            and len(got) == len(expected)
+            and all(_equal(g, e) for g, e in zip(got, expected, strict=True))
+        )
+    if isinstance(expected, dict):
+        return (
+            type(got) is dict
+            and got.keys() == expected.keys()
+            and all(_equal(got[key], value) for key, value in expected.items())
+        )
+    return type(got) is type(expected) and bool(got == expected)
 
 
 def _same_stdout(got: str, expected: str) -> bool:

@@ -147,7 +147,7 @@ class Channel:
         line, self.buffer = self.buffer.split(b"\n", 1)
         try:
             reply = json.loads(line)
-        except (ValueError, RecursionError):  # junk, bad UTF-8, nesting past the parser's depth
+        except Exception:  # junk, bad UTF-8, nesting past the parser's depth, an int too long
             reply = None
         if not isinstance(reply, dict):
             raise Ended(
@@ -204,20 +204,20 @@ class Channel:
                 os.close(fd)
 
 
-def judge(job: dict[str, Any], channel: Channel, setup_timeout_s: float) -> tuple[str, int, str]:
-    """Run `job`'s tests through `channel`: (reason, tests passed, detail)."""
-    passed = 0
+def judge(job: dict[str, Any], channel: Channel, setup_timeout_s: float) -> tuple[str, list[int], str]:
+    """Run `job`'s tests through `channel`: (reason, indices of the tests passed, detail)."""
+    passed: list[int] = []
     try:
         channel.wait_ready(setup_timeout_s)
         loaded = channel.ask({"code": job["code"], "entry_point": job.get("entry_point")})
-        if not loaded.get("loaded"):
-            status, detail = _reason(loaded.get("err"))
-            return status, 0, detail
+        failure = _judged(_judge_loaded, loaded)
+        if failure is not None:
+            return failure[0], [], harness.clean_text(failure[1])
         first_failure: tuple[str, str] | None = None
         for number, test in enumerate(job["tests"]):
             failure = _run_test(channel, job, number, test)
             if failure is None:
-                passed += 1
+                passed.append(number)
                 continue
             first_failure = first_failure or failure
             if job.get("stop_on_failure", True) or failure[0] != harness.WRONG_ANSWER:
@@ -226,49 +226,99 @@ def judge(job: dict[str, Any], channel: Channel, setup_timeout_s: float) -> tupl
     except Ended as ended:
         status, detail = ended.status, ended.detail
     if status == harness.OUTPUT_LIMIT:
-        passed = 0  # even a program that caught the error gets no credit
+        passed = []  # even a program that caught the error gets no credit
     return status, passed, harness.clean_text(detail)
 
 
-def _run_test(
-    channel: Channel, job: dict[str, Any], number: int, test: dict[str, Any]
-) -> tuple[str, str] | None:
+Failure = tuple[str, str]
+MALFORMED = "the program sent a malformed reply"
+
+
+class ProgramFailed(Exception):
+    """A reply that is not the answer asked for: the verdict `(reason, detail)` on the program."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.failure = (reason, detail)
+
+
+def payload(reply: Any, key: str) -> Any:
+    """What a well-formed reply `{key: payload}` carries (`loaded` must be `true`, `stdout` a
+    string, `value` any JSON data). Raises `ProgramFailed` with the program's own failure for a
+    well-formed `{"err": [reason, detail]}` (a reason it may claim, a string detail), and with
+    `runtime_error` for anything else: another shape, another key, extra keys, wrong types."""
+    if not isinstance(reply, dict) or len(reply) != 1:
+        raise ProgramFailed(harness.RUNTIME_ERROR, f"{MALFORMED} (expected {key!r} or 'err')")
+    ((name, value),) = reply.items()
+    if name == "err":
+        if (
+            type(value) is list
+            and len(value) == 2
+            and type(value[0]) is str
+            and value[0] in _PROGRAM_REASONS
+            and type(value[1]) is str
+        ):
+            raise ProgramFailed(value[0], harness.clean_text(value[1]))
+        raise ProgramFailed(harness.RUNTIME_ERROR, f"{MALFORMED} (expected {key!r} or 'err')")
+    well_typed = {
+        "loaded": lambda v: v is True,
+        "stdout": lambda v: type(v) is str,
+        "value": lambda v: True,
+    }
+    if name != key or not well_typed[key](value):
+        raise ProgramFailed(harness.RUNTIME_ERROR, f"{MALFORMED} (expected {key!r} or 'err')")
+    return value
+
+
+def _judged(judge_reply: Any, reply: Any, *context: Any) -> Failure | None:
+    """`judge_reply(reply, ...)`: None when the reply is the right answer, else the failure.
+    Any error while judging what the program sent is a verdict on the program, never the
+    sandbox's failure (which `infra_error` would mask out of training, penalty and all)."""
+    try:
+        result: Failure | None = judge_reply(reply, *context)
+        return result
+    except ProgramFailed as failed:
+        return failed.failure
+    except Exception as err:
+        return harness.RUNTIME_ERROR, f"the judge could not read the program's reply ({type(err).__name__})"
+
+
+def _judge_loaded(reply: Any) -> Failure | None:
+    payload(reply, "loaded")
+    return None
+
+
+def _judge_stdout(reply: Any, number: int, expected: str) -> Failure | None:
+    got = payload(reply, "stdout")
+    if _safely(harness._same_stdout, got, expected):
+        return None
+    wrong = f"test {number}: stdout {harness._short(got)}, expected {harness._short(expected)}"
+    return harness.WRONG_ANSWER, wrong
+
+
+def _judge_value(reply: Any, number: int, expected: Any, shown: str) -> Failure | None:
+    got = payload(reply, "value")
+    if _safely(harness._same_value, got, expected):
+        return None
+    wrong = f"test {number}: {shown} = {harness._short(got)}, expected {harness._short(expected)}"
+    return harness.WRONG_ANSWER, wrong
+
+
+def _run_test(channel: Channel, job: dict[str, Any], number: int, test: dict[str, Any]) -> Failure | None:
     if "stdin" in test:
         reply = channel.ask({"stdin": str(test["stdin"])})
-        if "stdout" not in reply:
-            return _reason(reply.get("err"))
-        got, expected = reply["stdout"], str(test.get("stdout", ""))
-        if not isinstance(got, str):
-            return harness.RUNTIME_ERROR, "the program sent a malformed reply"
-        if _safely(harness._same_stdout, got, expected):
-            return None
-        return (
-            harness.WRONG_ANSWER,
-            f"test {number}: stdout {harness._short(got)}, expected {harness._short(expected)}",
-        )
+        return _judged(_judge_stdout, reply, number, str(test.get("stdout", "")))
     if not job.get("entry_point"):
         return harness.INFRA_ERROR, "function-call test but the job has no entry_point"
     args = test["args"] if "args" in test else [test["input"]]
     reply = channel.ask({"args": args})
-    if "value" not in reply:
-        return _reason(reply.get("err"))
-    if _safely(harness._same_value, reply["value"], test["output"]):
-        return None
     shown = f"{job['entry_point']}({', '.join(map(repr, args))})"[:80]
-    got = harness._short(reply["value"])
-    return harness.WRONG_ANSWER, f"test {number}: {shown} = {got}, expected {harness._short(test['output'])}"
+    return _judged(_judge_value, reply, number, test["output"], shown)
 
 
 def _safely(compare: Any, got: Any, expected: Any) -> bool:
     """A comparison of plain JSON data the judge parsed itself; one that cannot finish is a miss."""
     try:
         return bool(compare(got, expected))
-    except (RecursionError, ValueError, TypeError, OverflowError):
+    except Exception:
         return False
-
-
-def _reason(err: Any) -> tuple[str, str]:
-    """A failure the program process reports for itself: only a failure, only a known one."""
-    if isinstance(err, list) and len(err) == 2 and err[0] in _PROGRAM_REASONS:
-        return str(err[0]), harness.clean_text(err[1])
-    return harness.RUNTIME_ERROR, "the program sent a malformed reply"

@@ -4,7 +4,8 @@ Started by `cascade.sandbox.pool` as `bwrap ... python3 -I -S /sandbox/nsworker.
 non-root uid, all namespaces unshared, read-only root, empty environment). Stdlib only: it
 runs with the system interpreter and no site-packages. Protocol: one JSON job per stdin line
 (`{"i", "code", "tests", "entry_point", "stop_on_failure", "limits"}`), one JSON result per
-stdout line (`{"i", "status", "passed", "total", "detail", "seconds", "maxrss_kb", "signal"}`).
+stdout line (`{"i", "status", "passed", "passed_tests", "total", "detail", "seconds", "maxrss_kb",
+"signal"}`; `passed_tests` lists the indices of the tests passed).
 
 Processes (the program process must hold nothing but its code and its inputs):
 
@@ -194,7 +195,8 @@ def run_one(job: dict[str, Any], zygote: Zygote) -> dict[str, Any]:
     return {
         "i": job["i"],
         "status": status,
-        "passed": passed,
+        "passed": len(passed),
+        "passed_tests": passed,
         "total": len(job["tests"]),
         "detail": detail,
         "seconds": round(time.monotonic() - started, 4),

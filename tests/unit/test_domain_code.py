@@ -120,3 +120,56 @@ def test_pass_fraction_mode_gives_partial_credit() -> None:
 def test_problem_without_tests_is_infra_error() -> None:
     verdict = CodeDomain().score(_problem(tests=[]), "def f(x):\n    return x+1")
     assert verdict.reason == INFRA_ERROR and verdict.is_infra_error
+
+
+def _shown_problem(n_shown: object = 3) -> Problem:
+    tests = [{"input": x, "output": x + 1} for x in (1, 2, 3, 10, 20, 30)]
+    return Problem(
+        "code-test-1",
+        "code",
+        "f(1)=2 f(2)=3 f(3)=4. Write f.",
+        "",
+        {**_problem(tests).meta, "n_shown": n_shown},
+    )
+
+
+def test_pass_fraction_pays_only_for_the_hidden_tests() -> None:
+    """The shown examples are required but not paid: a lookup table of them earns 0, not 3/6."""
+    lookup = "def f(x):\n    return {1: 2, 2: 3, 3: 4}.get(x, 0)"
+    two_hidden = "def f(x):\n    return x+1 if x < 25 else 0"
+    one_shown_wrong = "def f(x):\n    return x+1 if x != 2 else 0"
+    slow_last = "def f(x):\n    while x > 25:\n        pass\n    return x+1"
+    crash_at_20 = "def f(x):\n    assert x != 20\n    return x+1"
+    cases = [
+        (lookup, WRONG_ANSWER, 0.0),
+        (two_hidden, WRONG_ANSWER, 2 / 3),
+        (one_shown_wrong, WRONG_ANSWER, 0.0),
+        (slow_last, TIMEOUT, 2 / 3),  # passes so far are kept
+        (crash_at_20, RUNTIME_ERROR, 1 / 3),  # a crash ends the run
+        ("def f(x):\n    return x+1", OK, 1.0),
+    ]
+    fraction = CodeDomain(CodeReward(mode="pass_fraction", time_limit_s=1.0))
+    verdicts = fraction.score_batch([_shown_problem()] * len(cases), [c for c, _, _ in cases])
+    assert [(v.reason, v.reward) for v in verdicts] == [(r, pytest.approx(w)) for _, r, w in cases]
+    assert "0/3 hidden tests passed" in verdicts[0].detail
+    assert "2/3 shown tests passed (all are required)" in verdicts[2].detail
+    all_pass = CodeDomain(CodeReward(time_limit_s=1.0)).score_batch(
+        [_shown_problem()] * 2, [lookup, two_hidden]
+    )
+    assert [(v.reason, v.reward) for v in all_pass] == [(WRONG_ANSWER, 0.0)] * 2
+
+
+def test_pass_fraction_with_a_bad_n_shown_is_the_problems_fault() -> None:
+    wrong = "def f(x):\n    return 0"
+    for bad in (7, -1, "3", 2.0):
+        verdict = CodeDomain(CodeReward(mode="pass_fraction")).score(_shown_problem(bad), wrong)
+        assert verdict.reason == INFRA_ERROR and "n_shown" in verdict.detail, (bad, verdict)
+    assert CodeDomain().score(_shown_problem("3"), wrong).reason == WRONG_ANSWER  # all-pass: unused
+
+
+def test_generated_problems_pay_nothing_for_their_shown_examples() -> None:
+    problem = CodeDomain().make_problems("eval", 1, 5)[0]
+    shown = {t["input"]: t["output"] for t in problem.meta["tests"][: problem.meta["n_shown"]]}
+    lookup = f"def f(x):\n    return {shown!r}.get(x, -1)"
+    verdict = CodeDomain(CodeReward(mode="pass_fraction")).score(problem, lookup)
+    assert (verdict.reason, verdict.reward) == (WRONG_ANSWER, 0.0), verdict

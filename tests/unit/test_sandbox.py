@@ -377,3 +377,21 @@ def test_seccomp_filter_loads_and_denies_in_a_child() -> None:
     _, status = os.waitpid(pid, 0)
     assert os.read(read_fd, 1) == b"1" and os.waitstatus_to_exitcode(status) == 0
     os.close(read_fd)
+
+
+def test_passed_tests_name_the_tests_passed() -> None:
+    """Which tests passed, not only how many (pass_fraction pays for the hidden ones only)."""
+    code = "def f(x):\n    return x + 1 if x != 1 else 0"
+    result = run_jobs([Job(code, TESTS, "f", stop_on_failure=False)], LIMITS, backend="process")[0]
+    assert (result.status, result.passed, result.passed_tests) == ("wrong_answer", 2, (0, 2))
+    slow = "def f(x):\n    while x == 2:\n        pass\n    return x + 1"
+    timed = run_jobs([Job(slow, TESTS, "f", stop_on_failure=False)], LIMITS, backend="process")[0]
+    assert (timed.status, timed.passed_tests) == ("timeout", (0, 1))  # reported before the kill
+
+
+def test_int_expectations_compare_exactly() -> None:
+    tests = [{"input": 1, "output": 123456789}]
+    close = run_one("def f(x):\n    return 123456789.0 + 89", tests=tests)
+    assert close.status == "wrong_answer"  # within 1e-6 relative, but not that int
+    assert run_one("def f(x):\n    return 123456789.0", tests=tests).status == "ok"
+    assert run_one("def f(x):\n    return True", tests=[{"input": 1, "output": 1}]).status == "wrong_answer"
