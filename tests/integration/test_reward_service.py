@@ -137,15 +137,15 @@ def test_scores_correct_and_wrong_answers(service: Service, domain: str) -> None
 def test_reward_config_reaches_the_workers(service: Service) -> None:
     """`pass_fraction` (not the default all-pass) is applied by the Celery worker."""
     problem = _problems("code", 1)[0]
-    first = problem.meta["tests"][0]
-    program = f"def f(x):\n    return {first['output']} if x == {first['input']} else -999"
+    n_shown, tests = problem.meta["n_shown"], problem.meta["tests"]
+    known = {t["input"]: t["output"] for t in tests[: n_shown + 1]}  # the shown ones + 1 hidden
+    program = f"def f(x):\n    return {known!r}.get(x, -999)"
     request = pb.ScoreRequest(
         domain="code", reward_config_json='{"mode": "pass_fraction"}', items=_items([problem], [program])
     )
     (verdict,) = service.stub().Score(request, timeout=30).verdicts
-    n_tests = len(problem.meta["tests"])
     assert verdict.reason == "wrong_answer"
-    assert verdict.reward == pytest.approx(1 / n_tests)
+    assert verdict.reward == pytest.approx(1 / (len(tests) - n_shown))  # only hidden tests pay
 
 
 @pytest.mark.parametrize("domain", ["math", "code"])
