@@ -58,6 +58,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--rpc-threads", type=int, default=32, help="concurrent RPCs served (default: %(default)s)"
     )
+    p.add_argument(
+        "--local-workers",
+        type=int,
+        default=None,
+        help="processes scoring the domains not sent to the Celery workers (default: one per core, "
+        "at most 8; 0 scores them in the RPC threads, where a slow verifier stalls every RPC)",
+    )
+    p.add_argument(
+        "--item-timeout-s",
+        type=float,
+        default=30.0,
+        help="one item's scoring time in a local process before it is stopped and judged `timeout` "
+        "(math: its reward's timeout_s + 2 instead; default: %(default)s)",
+    )
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     args = p.parse_args(argv)
     domains = {"math", "code", "if", "swe", "rlhf"}
@@ -72,15 +86,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.task_timeout_s <= 0:
         p.error("--task-timeout-s must be positive")
+    if args.item_timeout_s <= 0:
+        p.error("--item-timeout-s must be positive")
+    if args.local_workers is not None and args.local_workers < 0:
+        p.error("--local-workers must be 0 or more")
     return args
 
 
 def serve(args: argparse.Namespace) -> int:
+    from cascade.domains.worker_pool import default_size
     from cascade.transport.grpc_server import build_grpc_server, serve_until_signalled
     from cascade.transport.http import start_http_server
     from cascade_proto.v1 import reward_pb2_grpc
     from services.reward import tasks
     from services.reward.batch import DomainCache
+    from services.reward.local import InProcess, LocalScoring, PooledScoring
     from services.reward.metrics import RewardMetrics
     from services.reward.scoring import DispatchConfig, Dispatcher
     from services.reward.server import SERVICE_NAME, RewardServicer
@@ -89,7 +109,14 @@ def serve(args: argparse.Namespace) -> int:
         tasks.celery_settings(broker_url=args.broker_url, result_backend=args.result_backend)
     )
     metrics = RewardMetrics()
-    local = DomainCache()
+    workers = default_size(cap=8) if args.local_workers is None else args.local_workers
+    local: LocalScoring
+    if workers:
+        pooled = PooledScoring(workers, item_timeout_s=args.item_timeout_s)
+        pooled.start()  # before the health check says SERVING
+        local = pooled
+    else:
+        local = InProcess(DomainCache(), args.chunk_size)
     dispatcher = Dispatcher(
         DispatchConfig(
             remote_domains=args.remote_domains, chunk_size=args.chunk_size, task_timeout_s=args.task_timeout_s
@@ -114,11 +141,13 @@ def serve(args: argparse.Namespace) -> int:
         http,
         serving,
         on_ready=lambda: log.info(
-            "reward service on %s:%d (metrics on :%d); remote domains: %s; broker %s",
+            "reward service on %s:%d (metrics on :%d); remote domains: %s; %d local scoring processes; "
+            "broker %s",
             args.host,
             port,
             http.server_port,
             ",".join(sorted(args.remote_domains)) or "none",
+            workers,
             _redact(args.broker_url),
         ),
     )

@@ -33,6 +33,18 @@ class RewardMetrics:
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self.over_long = Counter(
+            "cascade_reward_over_long_items",
+            "Items whose response was over the domain's max_response_chars (output_limit, unread).",
+            ["domain"],
+            registry=self.registry,
+        )
+        self.deadline_expired = Counter(
+            "cascade_reward_deadline_expired_items",
+            "Items left unscored (infra_error) because the RPC's deadline passed first.",
+            ["domain"],
+            registry=self.registry,
+        )
         self.in_flight = Gauge(
             "cascade_reward_in_flight_requests",
             "Scoring RPCs being served now.",

@@ -1,4 +1,5 @@
-"""Where a batch is scored: here (light domains) or by the Celery workers (heavy ones).
+"""Where a batch is scored: in the front's worker processes (light domains, `local`) or by the
+Celery workers (heavy ones).
 
 `Dispatcher.stream` yields `(index, verdict)` as chunks finish; `Dispatcher.score` collects
 them in order. Infra policy: when the broker or result backend cannot be reached, a task
@@ -20,7 +21,8 @@ from celery.result import AsyncResult
 
 from cascade.domains import RewardVerdict
 from cascade.domains.base import INFRA_ERROR
-from services.reward.batch import Batch, DomainCache, indexed, infra_verdicts, verdicts_from_json
+from services.reward.batch import Batch, indexed, infra_verdicts, verdicts_from_json
+from services.reward.local import DEADLINE_PASSED, LocalScoring
 from services.reward.tasks import TASK_NAME
 
 log = logging.getLogger(__name__)
@@ -39,15 +41,15 @@ def _always() -> bool:
 @dataclass(frozen=True)
 class DispatchConfig:
     remote_domains: frozenset[str] = frozenset({"code", "rlhf"})
-    """Domains scored by the Celery workers; the others are scored in the front process."""
+    """Domains scored by the Celery workers; the others are scored by the front (`local`)."""
     chunk_size: int = 8
-    """Items per Celery task (and per local scoring call, the streaming granularity)."""
+    """Items per Celery task (the local processes take one item at a time)."""
     task_timeout_s: float = 300.0
     """How long the front waits for a batch's tasks before marking the rest `infra_error`."""
 
 
 class Dispatcher:
-    def __init__(self, config: DispatchConfig, celery_app: Celery, local: DomainCache) -> None:
+    def __init__(self, config: DispatchConfig, celery_app: Celery, local: LocalScoring) -> None:
         self.config = config
         self.celery_app = celery_app
         self.local = local
@@ -65,8 +67,9 @@ class Dispatcher:
     ) -> Indexed:
         """Verdicts as they are known; stops early once `is_active()` is false (client gone).
 
-        `timeout_s` (at most the configured `task_timeout_s`) bounds the wait for workers,
-        e.g. to answer before the client's deadline.
+        `timeout_s` (at most the configured `task_timeout_s` for the Celery workers) is what is
+        left before the client's deadline: items not scored by then are `infra_error` verdicts
+        whose detail starts with `DEADLINE_PASSED`.
         """
         if batch.domain.name in self.config.remote_domains:
             limit = (
@@ -74,19 +77,15 @@ class Dispatcher:
                 if timeout_s is None
                 else min(timeout_s, self.config.task_timeout_s)
             )
-            yield from self._remote(batch, is_active, limit)
+            rpc_deadline = timeout_s is not None and timeout_s < self.config.task_timeout_s
+            yield from self._remote(batch, is_active, limit, rpc_deadline)
         else:
-            for indices in batch.chunks(self.config.chunk_size):
-                if not is_active():
-                    return
-                part = Batch(
-                    batch.domain,
-                    batch.problems[indices.start : indices.stop],
-                    batch.completions[indices.start : indices.stop],
-                )
-                yield from indexed(indices, self.local.score(part))
+            deadline = None if timeout_s is None else time.monotonic() + timeout_s
+            yield from self.local.stream(batch, deadline=deadline, is_active=is_active)
 
-    def _remote(self, batch: Batch, is_active: Callable[[], bool], timeout_s: float) -> Indexed:
+    def _remote(
+        self, batch: Batch, is_active: Callable[[], bool], timeout_s: float, rpc_deadline: bool
+    ) -> Indexed:
         deadline = time.monotonic() + timeout_s
         pending: dict[range, AsyncResult] = {}
         queue_error = ""
@@ -118,6 +117,8 @@ class Dispatcher:
                     del pending[indices]
                     _forget(result)
                     detail = f"no reward worker finished this chunk within {timeout_s:.3g}s"
+                    if rpc_deadline:
+                        detail = f"{DEADLINE_PASSED} ({detail})"
                     yield from indexed(indices, infra_verdicts(len(indices), detail))
             elif pending and not ready:
                 _wait_a_little(next(iter(pending.values())), left)

@@ -18,9 +18,11 @@ from collections.abc import Iterator
 import grpc
 
 from cascade.domains import RewardVerdict
-from cascade.domains.base import INFRA_ERROR
+from cascade.domains.base import INFRA_ERROR, OUTPUT_LIMIT
+from cascade.domains.length_bound import OVER_LONG
 from cascade_proto.v1 import reward_pb2, reward_pb2_grpc
 from services.reward.batch import Batch, infra_verdicts
+from services.reward.local import DEADLINE_PASSED
 from services.reward.metrics import RewardMetrics
 from services.reward.requests import DOMAINS, BadRequest, parse_request
 from services.reward.scoring import Dispatcher
@@ -109,10 +111,14 @@ class _Call:
     def count(self, verdicts: list[RewardVerdict]) -> None:
         for v in verdicts:
             self.metrics.items.labels(self.domain, v.reason).inc()
+            if v.reason == OUTPUT_LIMIT and v.detail.startswith(OVER_LONG):
+                self.metrics.over_long.labels(self.domain).inc()
+            elif v.is_infra_error and v.detail.startswith(DEADLINE_PASSED):
+                self.metrics.deadline_expired.labels(self.domain).inc()
 
 
 def _wait_s(context: grpc.ServicerContext) -> float | None:
-    """How long workers may take so that `infra_error` verdicts still beat the client's deadline."""
+    """How long scoring may take so that `infra_error` verdicts still beat the client's deadline."""
     remaining = context.time_remaining()
     if remaining is None:
         return None

@@ -14,6 +14,7 @@ from cascade.config import DomainConfig
 from cascade.domains.base import INFRA_ERROR, OK, WRONG_ANSWER, Problem, RewardVerdict
 from cascade_proto.v1 import reward_pb2 as pb
 from services.reward.batch import Batch, DomainCache, domain_key
+from services.reward.local import InProcess
 from services.reward.metrics import RewardMetrics
 from services.reward.scoring import DispatchConfig, Dispatcher
 from services.reward.server import RewardServicer, _verdict
@@ -57,7 +58,7 @@ def servicer() -> tuple[RewardServicer, Fussy]:
     cache = DomainCache()
     fussy = Fussy()
     cache._domains[domain_key(config)] = fussy  # type: ignore[assignment]
-    dispatcher = Dispatcher(DispatchConfig(remote_domains=frozenset(), chunk_size=8), None, cache)  # type: ignore[arg-type]
+    dispatcher = Dispatcher(DispatchConfig(remote_domains=frozenset()), None, InProcess(cache))  # type: ignore[arg-type]
     return RewardServicer(dispatcher, RewardMetrics()), fussy
 
 
