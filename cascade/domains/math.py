@@ -28,14 +28,18 @@ running past the deadline) is a verdict on the completion (`parse_error`, `timeo
 
 Known math-verify quirks (see tests/unit/test_domain_math.py and the regression table):
 - An unevaluated expression equals its value: `\\boxed{47+38}` (or just echoing "47+38" from
-  the prompt) verifies against `85`. For an integer gold answer we therefore refuse answers
-  that still contain arithmetic between numbers (`wrong_answer`, detail says why).
+  the prompt) verifies against `85`. The final answer must therefore be a closed form, decided
+  on its parsed tree, never its text (`math_closed_form`, whose docstring states the rule):
+  `47+38`, `\\left(47+38\\right)`, `\\lim_{x\\to0}(47+38)`, `\\sum_{i=1}^{1}85` are `wrong_answer`;
+  `85.0`, `\\frac{170}{2}`, `8.5\\times10^1`, `10^6`, `3\\sqrt{2}`, `--85` are forms of a number.
+- Plain-text math is read as plain numbers: `the answer is 3\\sqrt{2}` and `3√2` as 3. We
+  rewrite unicode math as LaTeX and delimit undelimited LaTeX runs first (`math_notation`).
 - A percentage equals its number: `85%` verifies against `85`, and `10` against `10\\%`.
   Accepted (an answer key rarely distinguishes them).
 - Units and degree signs are dropped (`5\\text{ cm}` = 5, `30^\\circ` = 30).
 - With several numbers and no `\\boxed{}`, the last one is taken ("84 then 85" -> 85).
 - Repeating decimals (`0.\\overline{3}`) are read as their integer part: we rewrite them as
-  fractions first (`normalise_notation`). An interval and the inequality that describes it
+  fractions first (`math_notation.normalise_notation`). An interval and the inequality that describes it
   (`[0,\\infty)`, `x \\ge 0`) are compared as sets (`allow_set_relation_comp`).
 - Several boxed answers are one set (`answer_text`; math-verify alone does so only when they
   are adjacent): a self-correction that boxes both answers is wrong.
@@ -66,6 +70,8 @@ from cascade.domains.base import (
     RewardVerdict,
 )
 from cascade.domains.common import Candidate, LruCache, generate_problems, strip_thinking
+from cascade.domains.math_closed_form import not_closed_form
+from cascade.domains.math_notation import delimit_inline_math, normalise_notation
 from cascade.domains.worker_pool import Outcome, WorkerPool, default_size
 
 log = logging.getLogger(__name__)
@@ -170,32 +176,7 @@ def gold_latex(gold: str) -> str:
     return f"${text}$"
 
 
-_REPEATING = re.compile(r"(-?)(\d*)\.(\d*)\\overline\s*\{(\d{1,30})\}")
-"""A repeating decimal `0.1\\overline{6}`, which math-verify reads as its integer part."""
-
-
-def _repeating_as_fraction(match: re.Match[str]) -> str:
-    sign, whole, fixed, period = match.groups()
-    # x = whole.fixed(period)... = (whole fixed period - whole fixed) / (10^len(fixed) (10^len(period) - 1))
-    head = int(whole + fixed or "0")
-    numerator = int(whole + fixed + period) - head
-    denominator = 10 ** len(fixed) * (10 ** len(period) - 1)
-    return f"{sign}\\frac{{{numerator}}}{{{denominator}}}"
-
-
-def normalise_notation(text: str) -> str:
-    """Rewrite notation math-verify misreads into one it reads right (gold and answer alike):
-    repeating decimals become fractions (`0.\\overline{3}` -> `\\frac{3}{9}`, not 0), and a
-    dollar sign in text mode (`\\text{\\$}42`) the plain `\\$` (not a product with 42)."""
-    if "overline" in text:
-        text = _REPEATING.sub(_repeating_as_fraction, text)
-    if "\\text" in text:
-        text = _TEXT_DOLLAR.sub(r"\\$", text)
-    return text
-
-
 _TOKEN = re.compile(r"\\[A-Za-z]+|[^\s\\{}$]")
-_TEXT_DOLLAR = re.compile(r"\\text(?:rm)?\s*\{\s*\\\$\s*\}")
 
 
 def boxed_contents(text: str) -> list[str]:
@@ -243,8 +224,11 @@ def answer_text(response: str) -> str:
     math-verify alone reads adjacent boxes as a set but, when each sits in its own `$...$`,
     only the last one, so "$\\boxed{3}$. Or maybe $\\boxed{3\\sqrt2}$" would be graded as a
     committed 3\\sqrt2. A response is judged on every answer it boxes: a hedge is a set, which
-    equals a single gold only if all its elements do.
+    equals a single gold only if all its elements do. A response with no delimited math at
+    all has its runs of LaTeX delimited (`delimit_inline_math`).
     """
+    if not any(mark in response for mark in ("\\boxed", "$", "\\(", "\\[")):
+        return delimit_inline_math(response)
     if response.count("\\boxed") < 2:
         return response
     contents = list(dict.fromkeys(c.strip() for c in boxed_contents(response)))
@@ -265,16 +249,9 @@ def _parse_gold(gold: str) -> tuple[Any, ...]:
     return ()
 
 
-_NUMERAL = re.compile(r"-?\d+(?:\.\d+)?")
-_ARITHMETIC = re.compile(r"\d\s*(?:[-+*/^×÷]|\\times|\\cdot|\\div)\s*[({]?\s*-?\d|\\d?frac")
-
-
-def _unevaluated(gold: Sequence[Any], pred: Sequence[Any]) -> bool:
-    """True when the gold is a plain number and the prediction is arithmetic still to be done."""
-    gold_text = next((g for g in gold if isinstance(g, str)), "")
-    if not _NUMERAL.fullmatch(gold_text.strip()):
-        return False
-    return any(isinstance(p, str) and _ARITHMETIC.search(p) for p in pred)
+def _unevaluated(gold: Sequence[Any], pred: Sequence[Any]) -> str | None:
+    """Why the parsed answer is not in closed form (`math_closed_form`), or None."""
+    return not_closed_form(gold, pred)
 
 
 def check_answer(gold: str, completion: str, timeout_s: float) -> Check:
@@ -301,8 +278,8 @@ def check_answer(gold: str, completion: str, timeout_s: float) -> Check:
                 pred = _parse_answer(answer_text(normalise_notation(response)))
                 if not pred:
                     return NO_ANSWER, "no answer found"
-                if _unevaluated(gold_parsed, pred):
-                    return WRONG_ANSWER, f"unevaluated expression {pred[-1]!s:.60}"
+                if why := _unevaluated(gold_parsed, pred):
+                    return WRONG_ANSWER, f"not a closed form ({why})"
                 correct = _math_verify().verify(
                     list(gold_parsed), pred, timeout_seconds=None, allow_set_relation_comp=True
                 )

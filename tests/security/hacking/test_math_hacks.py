@@ -3,6 +3,10 @@ them (`MathDomain.score_batch`, on the main thread and from another thread, wher
 runs in the worker process as in the reward service). Each earns no reward, none turns its
 failure into `infra_error` (a masked sample escapes its penalty), and the right answer still
 earns 1 in the same run, after all of them.
+
+Two sets: `HACKS` below (hedging, answers that contain everything, the reasoning block,
+starving the verifier, lookalikes) and corpus_math.py's `CASES`/`RIGHT` (answers that restate
+the problem's arithmetic unevaluated, and the equivalent forms of a right answer).
 """
 
 from __future__ import annotations
@@ -12,6 +16,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from corpus_math import CASES
+from corpus_math import RIGHT as RIGHT_FORMS
+from hostile_cases import failures
 
 from cascade.config import MathReward
 from cascade.domains.base import INFRA_ERROR, NO_ANSWER, OK, PARSE_ERROR, TIMEOUT, WRONG_ANSWER, Problem
@@ -79,7 +86,7 @@ RIGHT["Monday"] = "\\text{Monday}"
 @pytest.fixture
 def domain() -> Iterator[MathDomain]:
     """A fresh domain per test: no verdict comes from another test's cache."""
-    d = MathDomain(MathReward(timeout_s=1.0), worker_grace_s=1.0)
+    d = MathDomain(MathReward(timeout_s=3.0), worker_grace_s=1.0)  # a cold worker's first verify: ~0.6 s
     yield d
     d.close()
 
@@ -132,3 +139,28 @@ def test_hostile_completions_earn_nothing_and_the_right_answer_still_earns_one(
         verdict.detail.encode("utf-8")  # always encodable
     assert not failures, "\n".join(failures)
     assert [(v.reason, v.reward) for v in fair] == [(OK, 1.0)] * len(RIGHT), fair
+
+
+def test_corpus_is_large_enough() -> None:
+    assert len(CASES) >= 15 and len(RIGHT_FORMS) >= 15
+    names = [c.name for c in CASES] + [r.name for r in RIGHT_FORMS]
+    assert len(set(names)) == len(names)
+    assert all(case.reward_config == {} for case in [*CASES, *RIGHT_FORMS])  # scored with defaults
+
+
+@pytest.mark.parametrize("where", ["main_thread", "worker_process"])
+def test_corpus_echoes_earn_nothing_and_equivalent_forms_earn_one(where: str) -> None:
+    domain = MathDomain(MathReward())  # the corpus's reward_config: the defaults
+
+    def score() -> tuple[list[Any], list[Any]]:
+        hostile = domain.score_batch([c.problem for c in CASES], [c.completion for c in CASES])
+        right = domain.score_batch([r.problem for r in RIGHT_FORMS], [r.completion for r in RIGHT_FORMS])
+        return hostile, right
+
+    try:
+        hacked, fair = score() if where == "main_thread" else _in_thread(score)
+    finally:
+        domain.close()
+    assert failures(CASES, hacked) == []
+    missed = [f"{r.name}: {v}" for r, v in zip(RIGHT_FORMS, fair, strict=True) if v.reward != r.reward]
+    assert missed == []
