@@ -107,18 +107,66 @@ class IfReward(StrictModel):
 
 
 class SweReward(StrictModel):
-    """Execution-free patch reward: 1 exact, 0 no change, -1 unparseable, else similarity."""
+    """The SWE patch reward. `mode` chooses how a patch that is not the gold one is judged:
+
+    - `execution` (default): where the problem carries a repository and its tests (`meta.repo_files`,
+      `meta.swe_tests`: every synthetic problem, and `swe` adapter rows with runnable tests, see
+      `cascade.domains.hf_adapters`), the patch is applied to the repository's files and the tests
+      run in the code sandbox: 1 when every test passes; 0 when one fails, when the patch does
+      not apply, edits a test file, reaches outside the repository or leaves the files as they
+      were; -1 when it does not parse or is over the caps. A problem without tests is scored as
+      `exact_or_judge`.
+    - `exact_or_judge`: nothing runs. 1 for the gold patch (up to whitespace); any other patch
+      earns only what the judge model (`judge_model_path`) gives it, 0 without a judge.
+    - `similarity`: OPT-IN, KNOWN TO BE GAMEABLE. 1 for the gold patch, else SWE-RL-style lexical
+      similarity to the gold (blended with a plugged-in semantic scorer by `semantic_weight`).
+      It pays 0.6-0.96 for patches that fix nothing (a comment appended to the buggy line, the
+      line deleted, the gold hunk followed by its revert, a junk line in the right file) and
+      only ~0.6 for a correct fix written as a whole-file rewrite: a policy trained on it learns
+      to resemble the gold patch, not to fix the bug.
+    """
 
     kind: Literal["swe"] = "swe"
     max_response_chars: int = Field(64_000, ge=1)
     """Longer final responses (after the reasoning block) get `output_limit` and the lowest
     reward without being read (`cascade.domains.length_bound`)."""
+    mode: Literal["execution", "exact_or_judge", "similarity"] = "execution"
     max_patch_chars: int = Field(20_000, ge=1)
     """Longer extracted patches score -1 (`output_limit`) before parsing."""
     max_changed_lines: int = Field(400, ge=1)
     """Patches removing+adding more lines score -1 (`output_limit`)."""
+    max_completion_chars: int = Field(200_000, ge=1)
+    """Longer completions score -1 (`output_limit`) before any patch extraction."""
     semantic_weight: float = Field(0.5, ge=0, le=1)
-    """Weight of a plugged-in semantic scorer (none is built from config yet)."""
+    """`similarity` mode only: weight of a plugged-in semantic scorer (none is built from config)."""
+    judge_model_path: Path | None = None
+    """`exact_or_judge` and `execution` (problems without tests): a local Hugging Face causal LM
+    asked whether the patch fixes the issue as the gold does; its P(yes) is the reward."""
+    judge_device: str = Field("cpu", pattern=r"^(cpu|cuda(:[0-9]+)?)$")
+    judge_max_length: int = Field(2048, ge=64)
+    """Tokens of judge prompt; the issue text is cut to fit (the patches and question are kept)."""
+    time_limit_s: float = Field(5.0, gt=0)
+    """`execution`: one wall-clock budget per patch: loading the repository and running its tests."""
+    memory_mb: int = Field(256, ge=16)
+    sandbox: Literal["auto", "bwrap", "process"] = "auto"
+    """As the code reward's `sandbox`: `process` is NOT a security boundary."""
+    sandbox_uid: int = Field(61000, ge=1)
+
+    @model_validator(mode="after")
+    def _fields_of_other_modes(self) -> SweReward:
+        if self.mode != "similarity" and "semantic_weight" in self.model_fields_set:
+            raise ValueError(f"semantic_weight is read only by mode 'similarity' (mode is {self.mode!r})")
+        if self.mode == "similarity" and self.judge_model_path is not None:
+            raise ValueError(
+                "judge_model_path is read only by modes 'exact_or_judge' and 'execution' "
+                "(mode is 'similarity')"
+            )
+        return self
+
+    @property
+    def heavy(self) -> bool:
+        """Scoring runs the sandbox or a model (the reward service sends it to its workers)."""
+        return self.mode == "execution" or self.judge_model_path is not None
 
 
 class RlhfReward(StrictModel):

@@ -17,7 +17,16 @@ express for our verifier raises `Unconvertible` (the loader skips and counts it)
 - ifeval: `instruction_id_list` + `kwargs` -> registered rules (`hf_ifeval`); no reference
   response (answer "").
 - swe: `problem_statement` (+ repository files when the row has them) -> prompt; `patch` (a
-  unified diff) is the gold.
+  unified diff) is the gold. A row is also runnable by the execution reward (meta `repo_files` and
+  `swe_tests`, `cascade.domains.swe_exec`) when it carries the repository files (the files
+  column), SWE-bench's `FAIL_TO_PASS` / `PASS_TO_PASS` test ids (lists, or JSON text of lists)
+  all of the form `path.py::function` or `path.py::Class::method`, and optionally `test_patch`
+  (applied to the files to add the tests); the test files must then be among the files, and the
+  gold patch must apply without touching them. What runs is the stdlib only (no pytest, no
+  fixtures, no parametrised ids, no installed packages), so only self-contained rows qualify;
+  SWE-bench rows themselves (no file contents, Django-style ids, third-party dependencies) are
+  not runnable here and keep the execution-free reward. The gold is not run at load time:
+  a row whose gold fails its own tests scores 0 for every patch.
 - generic: the configured `fields` mapping.
 """
 
@@ -219,7 +228,45 @@ def _swe(row: Row, source: HfPrompts) -> Converted:
     )
     meta = {key: row[key] for key in ("repo", "base_commit", "instance_id") if row.get(key) is not None}
     meta["paths"] = sorted({path for path, _ in files})
+    meta.update(_swe_execution(row, files, gold))
     return Converted("\n\n".join(parts), patch, meta, _optional_id(row, "instance_id"))
+
+
+_SWE_TEST_COLUMNS = ("FAIL_TO_PASS", "PASS_TO_PASS")
+
+
+def _swe_execution(row: Row, files: list[tuple[str, str]], gold: Any) -> dict[str, Any]:
+    """`repo_files` and `swe_tests` when the row is runnable (see the module docstring), else {}."""
+    from cascade.domains.patches import PatchParseError, parse_patch
+    from cascade.domains.swe_exec import PatchRejected, apply_to_repo, runnable_test_id
+
+    ids: list[str] = []
+    for column in _SWE_TEST_COLUMNS:
+        value = row.get(column)
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError:
+                return {}
+        if value is None:
+            continue
+        if not isinstance(value, list):
+            return {}
+        ids.extend(str(test_id) for test_id in value)
+    if not files or not ids or not all(runnable_test_id(test_id) for test_id in ids):
+        return {}
+    tests = [{"test": test_id} for test_id in dict.fromkeys(ids)]
+    named = frozenset(test_id.split("::", 1)[0] for test_id in ids)
+    try:
+        repo = dict(files)
+        if row.get("test_patch"):
+            repo = apply_to_repo(repo, parse_patch(str(row["test_patch"])), named, tests_too=True)
+        apply_to_repo(repo, gold, named)
+    except (PatchParseError, PatchRejected):
+        return {}
+    if not named <= set(repo):
+        return {}
+    return {"repo_files": repo, "swe_tests": tests}
 
 
 # --------------------------------------------------------------------------- if and generic

@@ -42,6 +42,9 @@ def _always() -> bool:
 class DispatchConfig:
     remote_domains: frozenset[str] = frozenset({"code", "rlhf"})
     """Domains scored by the Celery workers; the others are scored by the front (`local`)."""
+    remote_when_heavy: frozenset[str] = frozenset({"swe"})
+    """Domains scored by the workers too when their reward config says it is heavy (`heavy`:
+    swe's execution mode runs the sandbox, its judge a model)."""
     chunk_size: int = 8
     """Items per Celery task (the local processes take one item at a time)."""
     task_timeout_s: float = 300.0
@@ -71,7 +74,7 @@ class Dispatcher:
         left before the client's deadline: items not scored by then are `infra_error` verdicts
         whose detail starts with `DEADLINE_PASSED`.
         """
-        if batch.domain.name in self.config.remote_domains:
+        if batch.domain.name in self.config.remote_domains or self._heavy(batch):
             limit = (
                 self.config.task_timeout_s
                 if timeout_s is None
@@ -82,6 +85,14 @@ class Dispatcher:
         else:
             deadline = None if timeout_s is None else time.monotonic() + timeout_s
             yield from self.local.stream(batch, deadline=deadline, is_active=is_active)
+
+    def _heavy(self, batch: Batch) -> bool:
+        reward = batch.domain.reward
+        if batch.domain.name not in self.config.remote_when_heavy:
+            return False
+        if reward is None:  # the domain's defaults: swe's default mode executes
+            return batch.domain.name == "swe"
+        return bool(getattr(reward, "heavy", False))
 
     def _remote(
         self, batch: Batch, is_active: Callable[[], bool], timeout_s: float, rpc_deadline: bool

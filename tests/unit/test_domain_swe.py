@@ -1,13 +1,20 @@
-"""swe domain: unified-diff parsing, lexical similarity, the patch reward and the generator."""
+"""swe domain: unified-diff parsing, the three patch rewards (execution, exact-or-judge, similarity),
+applying patches to a repository, the judge, the adapter's runnable rows and the generator."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
+from cascade.config import DomainConfig, HfPrompts, SweReward
 from cascade.domains.base import INFRA_ERROR, OK, OUTPUT_LIMIT, PARSE_ERROR, WRONG_ANSWER, Problem
+from cascade.domains.hf_adapters import ADAPTERS
 from cascade.domains.patches import (
     PatchParseError,
     apply_file_patch,
@@ -23,7 +30,12 @@ from cascade.domains.swe import (
     SemanticScorer,
     SweDomain,
     extract_patch,
+    fenced_blocks,
 )
+from cascade.domains.swe_exec import PatchRejected, apply_to_repo, is_test_path, safe_path
+from cascade.domains.swe_judge import HfPatchJudge, JudgeInputTooLong, PatchJudge
+
+needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
 
 GOLD = """\
 --- a/src/util.py
@@ -60,7 +72,12 @@ new file mode 100644
 
 
 def problem(answer: str = GOLD) -> Problem:
+    """A problem without a repository or tests (scored execution-free in every mode)."""
     return Problem(id="swe-test-0", domain="swe", prompt="fix add", answer=answer, meta={})
+
+
+def similarity(**kwargs: Any) -> SweDomain:
+    return SweDomain(mode="similarity", **kwargs)
 
 
 # --------------------------------------------------------------------------- parsing
@@ -231,7 +248,7 @@ def test_garbage_is_a_parse_error(completion: str) -> None:
 
 
 def test_partial_patch_scores_between_wrong_file_and_gold() -> None:
-    domain = SweDomain()
+    domain = similarity()
     wrong_file = domain.score(problem(), GOLD.replace("src/util.py", "src/other.py"))
     partial = domain.score(problem(), GOLD.replace("a + b", "a * b"))
     gold = domain.score(problem(), GOLD)
@@ -254,7 +271,7 @@ def test_over_cap_patches_are_output_limit() -> None:
     assert (verdict.reward, verdict.reason) == (-1.0, OUTPUT_LIMIT) and "changes 6 lines" in verdict.detail
     huge = "--- a/src/util.py\n+++ b/src/util.py\n@@ -1,500 +1,500 @@\n" + "-a\n+b\n" * 500
     assert SweDomain().score(problem(), huge).reason == OUTPUT_LIMIT
-    assert SweDomain(max_changed_lines=6).score(problem(), many).reason == OK
+    assert similarity(max_changed_lines=6).score(problem(), many).reason == OK
     with pytest.raises(ValueError, match="caps"):
         SweDomain(max_patch_chars=0)
 
@@ -299,38 +316,395 @@ def test_semantic_scorer_blends_by_weight() -> None:
     lexical = (1 + 22 / 24) / 2
     scorer = FixedScorer(0.2)
     assert isinstance(scorer, SemanticScorer) and isinstance(LexicalScorer(), SemanticScorer)
-    verdict = SweDomain(semantic_scorer=scorer, semantic_weight=0.25).score(problem(), partial)
+    verdict = similarity(semantic_scorer=scorer, semantic_weight=0.25).score(problem(), partial)
     assert verdict.reason == OK
     assert verdict.reward == pytest.approx(0.75 * lexical + 0.25 * 0.2)
     assert "semantic 0.200, weight 0.25" in verdict.detail
-    default_weight = SweDomain(semantic_scorer=FixedScorer(1.0)).score(problem(), partial)
+    default_weight = similarity(semantic_scorer=FixedScorer(1.0)).score(problem(), partial)
     assert default_weight.reward == pytest.approx(0.5 * lexical + 0.5 * 1.0)
-    clamped = SweDomain(semantic_scorer=FixedScorer(7.0), semantic_weight=1.0).score(problem(), partial)
+    clamped = similarity(semantic_scorer=FixedScorer(7.0), semantic_weight=1.0).score(problem(), partial)
     assert clamped.reward == 1.0
     wrong_file = GOLD.replace("src/util.py", "src/other.py")
-    rescued = SweDomain(semantic_scorer=FixedScorer(0.4), semantic_weight=0.5).score(problem(), wrong_file)
+    rescued = similarity(semantic_scorer=FixedScorer(0.4), semantic_weight=0.5).score(problem(), wrong_file)
     assert (rescued.reward, rescued.reason) == (pytest.approx(0.2), OK)
     # Exact matches, no-ops and parse errors never consult the scorer.
     counting = FixedScorer(0.0)
-    domain = SweDomain(semantic_scorer=counting)
+    domain = similarity(semantic_scorer=counting)
     assert [domain.score(problem(), c).reward for c in (GOLD, "", "junk")] == [1.0, 0.0, -1.0]
     assert counting.calls == 0
-    assert SweDomain(semantic_scorer=BrokenScorer()).score(problem(), partial).reason == INFRA_ERROR
+    assert similarity(semantic_scorer=BrokenScorer()).score(problem(), partial).reason == INFRA_ERROR
     with pytest.raises(ValueError, match="semantic_weight"):
-        SweDomain(semantic_weight=1.5)
+        similarity(semantic_weight=1.5)
 
 
 def test_from_config() -> None:
-    @dataclass(frozen=True)
-    class Settings:
-        max_patch_chars: int = 100
-        max_changed_lines: int = 3
-        semantic_weight: float = 0.1
-
-    domain = SweDomain.from_config(Settings(), semantic_scorer=FixedScorer(0.5))
+    config = SweReward(mode="similarity", max_patch_chars=100, max_changed_lines=3, semantic_weight=0.1)
+    domain = SweDomain.from_config(config, semantic_scorer=FixedScorer(0.5))
     assert (domain.max_patch_chars, domain.max_changed_lines, domain.semantic_weight) == (100, 3, 0.1)
-    assert domain.semantic_scorer is not None and domain.config == Settings()
-    assert SweDomain().config is None
+    assert domain.mode == "similarity" and domain.semantic_scorer is not None and domain.config == config
+    executing = SweDomain.from_config(SweReward(time_limit_s=3, memory_mb=128, sandbox_uid=62000))
+    assert executing.mode == "execution" and executing.judge is None
+    assert (executing.limits.time_limit_s, executing.limits.memory_mb, executing.settings.uid) == (
+        3,
+        128,
+        62000,
+    )
+    assert SweDomain().config is None and SweDomain().mode == "execution"
+    with pytest.raises(ValueError, match="semantic_scorer is used only by mode 'similarity'"):
+        SweDomain(semantic_scorer=FixedScorer(0.5))
+    with pytest.raises(ValueError, match="judge is used only"):
+        SweDomain(mode="similarity", judge=FixedJudge(0.5))
+    with pytest.raises(ValueError, match="mode must be one of"):
+        SweDomain(mode="fuzzy")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"mode": "fuzzy"}, "mode"),
+        (
+            {"semantic_weight": 0.3},
+            "semantic_weight is read only by mode 'similarity' \\(mode is 'execution'\\)",
+        ),
+        ({"mode": "exact_or_judge", "semantic_weight": 0.3}, "semantic_weight is read only"),
+        ({"mode": "similarity", "judge_model_path": "models/judge"}, "judge_model_path is read only"),
+        ({"judge_device": "tpu"}, "judge_device"),
+        ({"max_completion_chars": 0}, "max_completion_chars"),
+    ],
+)
+def test_config_errors_name_the_field(fields: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        SweReward(**fields)
+
+
+def test_config_modes_and_weight() -> None:
+    assert SweReward().mode == "execution" and SweReward().heavy
+    assert not SweReward(mode="exact_or_judge").heavy and not SweReward(mode="similarity").heavy
+    assert SweReward(mode="exact_or_judge", judge_model_path=Path("m")).heavy
+    assert SweReward(mode="similarity", semantic_weight=0.3).semantic_weight == 0.3
+    assert "KNOWN TO BE GAMEABLE" in (SweReward.__doc__ or "")
+
+
+# --------------------------------------------------------------------------- exact or judge
+
+
+@dataclass
+class FixedJudge:
+    value: float
+    calls: list[tuple[str, str, str]] = field(default_factory=list)
+
+    def judge(self, issue: str, gold: str, patch: str) -> float:
+        self.calls.append((issue, gold, patch))
+        return self.value
+
+
+class BrokenJudge:
+    def judge(self, issue: str, gold: str, patch: str) -> float:
+        raise RuntimeError("judge offline")
+
+
+def test_exact_or_judge_pays_partial_credit_only_from_the_judge() -> None:
+    partial = GOLD.replace("a + b", "a * b")
+    assert isinstance(FixedJudge(0.0), PatchJudge)
+    bare = SweDomain(mode="exact_or_judge")
+    assert (bare.score(problem(), GOLD).reward, bare.score(problem(), GOLD).reason) == (1.0, OK)
+    unjudged = bare.score(problem(), partial)
+    assert (unjudged.reward, unjudged.reason) == (0.0, WRONG_ANSWER) and "no judge" in unjudged.detail
+    judge = FixedJudge(0.3)
+    judged = SweDomain(mode="exact_or_judge", judge=judge)
+    verdict = judged.score(problem(), "```diff\n" + partial + "```")
+    assert (verdict.reward, verdict.reason) == (pytest.approx(0.3), OK) and "0.300" in verdict.detail
+    assert judge.calls == [("fix add", GOLD, partial.rstrip("\n"))]
+    # Exact matches, no-ops and parse errors never consult the judge.
+    assert [judged.score(problem(), c).reward for c in (GOLD, "", "junk")] == [1.0, 0.0, -1.0]
+    assert len(judge.calls) == 1
+    assert (
+        SweDomain(mode="exact_or_judge", judge=FixedJudge(0.0)).score(problem(), partial).reason
+        == WRONG_ANSWER
+    )
+    for bad in (BrokenJudge(), FixedJudge(float("nan")), FixedJudge(1.5)):
+        assert SweDomain(mode="exact_or_judge", judge=bad).score(problem(), partial).reason == INFRA_ERROR
+    # The execution mode scores a problem without tests the same way.
+    assert SweDomain(judge=FixedJudge(0.4)).score(problem(), partial).reward == pytest.approx(0.4)
+    assert SweDomain().score(problem(), partial).reward == 0.0
+
+
+SHORT_GOLD = "--- a/m.py\n+++ b/m.py\n@@ -1 +1 @@\n-a - b\n+a + b\n"
+SHORT_PARTIAL = SHORT_GOLD.replace("a + b", "a * b")
+
+
+def test_hf_judge_on_the_random_tiny_model(random_tiny_model: Path) -> None:
+    """Plumbing only: the random model's P(yes) is a probability, deterministic, and the reward."""
+    judge = HfPatchJudge(random_tiny_model, max_length=200)
+    issue = "add returns the difference " * 100
+    p = judge.judge(issue, SHORT_GOLD, SHORT_PARTIAL)
+    assert 0.0 < p < 1.0 and judge.judge(issue, SHORT_GOLD, SHORT_PARTIAL) == p
+    answer = max(len(judge.yes_ids), len(judge.no_ids))
+    assert len(judge.prompt_ids(issue, SHORT_GOLD, SHORT_PARTIAL)) + answer == 200  # the issue is cut
+    with pytest.raises(JudgeInputTooLong, match="without the issue"):
+        judge.prompt_ids("x", SHORT_GOLD * 20, SHORT_PARTIAL)
+    # A patch too long for the judge is a verdict on the completion, not the judge's failure.
+    short = problem(SHORT_GOLD)
+    too_long = SweDomain(mode="exact_or_judge", judge=judge).score(short, SHORT_PARTIAL * 10)
+    assert (too_long.reward, too_long.reason) == (0.0, WRONG_ANSWER) and "too long" in too_long.detail
+    config = SweReward(mode="exact_or_judge", judge_model_path=random_tiny_model, judge_max_length=250)
+    domain = SweDomain.from_config(config)
+    assert isinstance(domain.judge, HfPatchJudge)
+    verdict = domain.score(short, SHORT_PARTIAL)
+    assert verdict.reason == OK
+    assert verdict.reward == pytest.approx(
+        domain.judge.judge("fix add", SHORT_GOLD, SHORT_PARTIAL.rstrip("\n"))
+    )
+    assert domain.score(short, SHORT_GOLD).reward == 1.0
+    with pytest.raises(FileNotFoundError):
+        HfPatchJudge(random_tiny_model / "missing")
+
+
+# --------------------------------------------------------------------------- execution
+
+REPO = {"src/calc.py": "def add(a, b):\n    return a - b\n", "README.md": "calc\n"}
+CALC_GOLD = (
+    "--- a/src/calc.py\n+++ b/src/calc.py\n@@ -1,2 +1,2 @@\n"
+    " def add(a, b):\n-    return a - b\n+    return a + b\n"
+)
+
+
+def runnable(tests: list[dict[str, Any]] | None = None, repo: dict[str, str] | None = None) -> Problem:
+    checks = tests or [
+        {"module": "src.calc", "expr": "add(2, 3)", "output": 5},
+        {"module": "src.calc", "expr": "add(-1, 1)", "output": 0},
+    ]
+    meta = {"repo_files": repo or REPO, "swe_tests": checks}
+    return Problem(id="swe-run-0", domain="swe", prompt="add subtracts", answer=CALC_GOLD, meta=meta)
+
+
+def test_safe_paths_and_test_paths() -> None:
+    assert safe_path("src/util.py") == "src/util.py"
+    for bad in (
+        "../x.py",
+        "src/../../x.py",
+        "/etc/passwd",
+        "a\\b.py",
+        "./x.py",
+        "a//b.py",
+        "x\x00.py",
+        ".",
+        "",
+    ):
+        with pytest.raises(PatchRejected):
+            safe_path(bad)
+    for path in (
+        "tests/test_a.py",
+        "pkg/test/helpers.py",
+        "conftest.py",
+        "a/conftest.py",
+        "test_x.py",
+        "x_test.py",
+    ):
+        assert is_test_path(path), path
+    for path in ("src/util.py", "src/testing_utils.py", "contest.py", "latest.py"):
+        assert not is_test_path(path), path
+    assert is_test_path("checks.py", frozenset({"checks.py"}))
+
+
+def test_apply_to_repo_creates_deletes_renames_and_refuses() -> None:
+    applied = apply_to_repo(REPO, parse_patch(CALC_GOLD), frozenset())
+    assert applied == {**REPO, "src/calc.py": "def add(a, b):\n    return a + b\n"} and REPO[
+        "src/calc.py"
+    ].endswith("a - b\n")
+    created = apply_to_repo(
+        REPO, parse_patch("--- /dev/null\n+++ b/src/new.py\n@@ -0,0 +1 @@\n+x = 1\n"), frozenset()
+    )
+    assert created["src/new.py"] == "x = 1\n"
+    deleted = apply_to_repo(
+        REPO, parse_patch("--- a/README.md\n+++ /dev/null\n@@ -1 +0,0 @@\n-calc\n"), frozenset()
+    )
+    assert "README.md" not in deleted
+    renamed = apply_to_repo(
+        REPO, parse_patch("--- a/README.md\n+++ b/docs/README.md\n@@ -1 +1 @@\n-calc\n+Calc\n"), frozenset()
+    )
+    assert renamed["docs/README.md"] == "Calc\n" and "README.md" not in renamed
+    refusals = {
+        "--- a/missing.py\n+++ b/missing.py\n@@ -1 +1 @@\n-a\n+b\n": "not in the repository",
+        "--- /dev/null\n+++ b/README.md\n@@ -0,0 +1 @@\n+x\n": "exists",
+        "--- a/README.md\n+++ b/src/calc.py\n@@ -1 +1 @@\n-calc\n+x\n": "renames onto",
+        "--- a/src/calc.py\n+++ b/src/calc.py\n@@ -1 +1 @@\n-nope\n+x\n": "does not match",
+        "--- /dev/null\n+++ b/tests/test_calc.py\n@@ -0,0 +1 @@\n+x\n": "test file",
+        "--- a/src/calc.py\n+++ b/src/../../calc.py\n@@ -1 +1 @@\n-def add(a, b):\n+x\n": "inside",
+    }
+    for text, message in refusals.items():
+        with pytest.raises(PatchRejected, match=message):
+            apply_to_repo(REPO, parse_patch(text), frozenset())
+    with_tests = apply_to_repo(
+        REPO, parse_patch("--- /dev/null\n+++ b/tests/t.py\n@@ -0,0 +1 @@\n+x\n"), frozenset(), tests_too=True
+    )
+    assert with_tests["tests/t.py"] == "x\n"
+
+
+@needs_bwrap
+def test_execution_runs_the_tests() -> None:
+    domain = SweDomain()
+    rewrite = (
+        "--- a/src/calc.py\n+++ b/src/calc.py\n@@ -1,2 +1,3 @@\n-def add(a, b):\n-    return a - b\n"
+        "+def add(x, y):\n+    total = x + y\n+    return total\n"
+    )
+    wrong = CALC_GOLD.replace("a + b", "a * b")
+    readme_only = "--- a/README.md\n+++ b/README.md\n@@ -1 +1 @@\n-calc\n+calc, fixed\n"
+    verdicts = domain.score_batch([runnable()] * 4, [CALC_GOLD, rewrite, wrong, readme_only])
+    assert [(v.reward, v.reason) for v in verdicts] == [
+        (1.0, OK),
+        (1.0, OK),
+        (0.0, WRONG_ANSWER),
+        (0.0, WRONG_ANSWER),
+    ]
+    assert "all 2 tests pass" in verdicts[0].detail and "add(2, 3)" in verdicts[2].detail
+    # A check that raises, a syntax error the patch introduces, unparsable and no-op patches.
+    broken = CALC_GOLD.replace("a + b", "a +")
+    assert domain.score(runnable(), broken).reason in (WRONG_ANSWER, "runtime_error")
+    assert domain.score(runnable(), broken).reward == 0.0
+    assert (domain.score(runnable(), "junk").reward, domain.score(runnable(), "").reason) == (-1.0, NO_CHANGE)
+
+
+@needs_bwrap
+def test_execution_of_test_functions() -> None:
+    test_file = (
+        "import unittest\nfrom src.calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n\n\n"
+        "class TestAdd(unittest.TestCase):\n    def test_zero(self):\n"
+        "        self.assertEqual(add(0, 0), 0)\n"
+        "    def test_neg(self):\n        self.assertEqual(add(-1, -1), -2)\n\n\n"
+        "class Plain:\n    def test_one(self):\n        assert add(1, 0) == 1\n"
+    )
+    repo = {**REPO, "tests/test_calc.py": test_file}
+    ids = [
+        "tests/test_calc.py::test_add",
+        "tests/test_calc.py::TestAdd::test_neg",
+        "tests/test_calc.py::Plain::test_one",
+    ]
+    prob = runnable([{"test": i} for i in ids], repo)
+    domain = SweDomain()
+    assert [
+        (v.reward, v.reason)
+        for v in domain.score_batch([prob, prob], [CALC_GOLD, CALC_GOLD.replace("a + b", "a * b")])
+    ] == [
+        (1.0, OK),
+        (0.0, WRONG_ANSWER),
+    ]
+    assert (
+        domain.score(
+            prob,
+            "--- a/tests/test_calc.py\n+++ b/tests/test_calc.py\n@@ -6 +6 @@\n"
+            "-    assert add(2, 3) == 5\n+    pass\n",
+        ).reason
+        == WRONG_ANSWER
+    )
+
+
+def test_extraction_is_linear_on_hostile_fences() -> None:
+    """The fence pattern was quadratic: one 48,000-character completion held the GIL for seconds."""
+    domain = SweDomain(mode="similarity")
+    for text in ("```" + "a" * 48_000, "```a" * 12_000, "```" * 16_000, "```diff " + "+" * 48_000):
+        start = time.perf_counter()
+        verdict = domain.score(problem(), text)
+        assert time.perf_counter() - start < 1.0, text[:20]
+        assert verdict.reason in (PARSE_ERROR, NO_CHANGE, OUTPUT_LIMIT)
+    over = SweDomain(max_completion_chars=1000).score(problem(), "x" * 1001)
+    assert (over.reward, over.reason) == (-1.0, OUTPUT_LIMIT) and "cap 1000" in over.detail
+
+
+def test_fenced_blocks() -> None:
+    assert fenced_blocks("a ```diff x\nbody\n``` b ```\nsecond") == [("diff", "body\n"), ("", "second")]
+    assert fenced_blocks("``` no newline") == [] and fenced_blocks("```Patch\n") == [("patch", "")]
+
+
+# --------------------------------------------------------------------------- adapter rows
+
+
+def swe_row(**extra: Any) -> dict[str, Any]:
+    return {
+        "instance_id": "acme__calc-9",
+        "repo": "acme/calc",
+        "problem_statement": "add() subtracts.",
+        "patch": CALC_GOLD,
+        "files": [{"path": p, "content": c} for p, c in REPO.items()],
+        **extra,
+    }
+
+
+TEST_PATCH = (
+    "--- /dev/null\n+++ b/tests/test_calc.py\n@@ -0,0 +1,4 @@\n"
+    "+from src.calc import add\n+\n+def test_add():\n+    assert add(2, 3) == 5\n"
+)
+
+
+def convert(row: dict[str, Any]) -> Any:
+    source = HfPrompts(path="x", adapter="swe", files_column="files")
+    return ADAPTERS["swe"].convert(row, source)
+
+
+def test_adapter_rows_with_runnable_tests_carry_them() -> None:
+    row = swe_row(test_patch=TEST_PATCH, FAIL_TO_PASS='["tests/test_calc.py::test_add"]', PASS_TO_PASS=[])
+    meta = convert(row).meta
+    assert meta["repo"] == "acme/calc" and meta["swe_tests"] == [{"test": "tests/test_calc.py::test_add"}]
+    assert set(meta["repo_files"]) == {"src/calc.py", "README.md", "tests/test_calc.py"}
+    for unrunnable in (
+        swe_row(test_patch=TEST_PATCH, FAIL_TO_PASS='["test_add (calc.tests.AddTest)"]'),  # Django style
+        swe_row(test_patch=TEST_PATCH, FAIL_TO_PASS='["tests/test_calc.py::test_add[1-2]"]'),  # parametrised
+        swe_row(FAIL_TO_PASS='["tests/test_calc.py::test_add"]'),  # the test file is not there
+        swe_row(test_patch=TEST_PATCH),  # no test ids
+        swe_row(test_patch="not a diff", FAIL_TO_PASS='["tests/test_calc.py::test_add"]'),
+        swe_row(test_patch=TEST_PATCH, FAIL_TO_PASS="not json"),
+        {**swe_row(test_patch=TEST_PATCH, FAIL_TO_PASS='["tests/test_calc.py::test_add"]'), "files": []},
+    ):
+        converted = convert(unrunnable).meta
+        assert "swe_tests" not in converted and "repo_files" not in converted
+
+
+@needs_bwrap
+def test_adapter_row_runs_under_the_execution_reward() -> None:
+    converted = convert(swe_row(test_patch=TEST_PATCH, FAIL_TO_PASS=["tests/test_calc.py::test_add"]))
+    prob = Problem("row", "swe", converted.prompt, converted.answer, converted.meta)
+    verdicts = SweDomain().score_batch([prob, prob], [CALC_GOLD, CALC_GOLD.replace("a + b", "b - a")])
+    assert [(v.reward, v.reason) for v in verdicts] == [(1.0, OK), (0.0, WRONG_ANSWER)]
+
+
+# --------------------------------------------------------------------------- reward service routing
+
+
+def test_reward_service_sends_executing_swe_to_the_workers() -> None:
+    """Heavy swe goes to Celery (here: no app, so the queue is 'unavailable'); light swe stays local."""
+    from services.reward.batch import Batch
+    from services.reward.scoring import DispatchConfig, Dispatcher
+
+    class Local:
+        """Records that the front's own scoring was asked (whatever its method)."""
+
+        def __init__(self) -> None:
+            self.asked = 0
+
+        def __getattr__(self, name: str) -> Any:
+            def method(*args: Any, **kwargs: Any) -> Any:
+                self.asked += 1
+                return iter(())
+
+            return method
+
+    def route(reward: SweReward | None, config: DispatchConfig) -> str:
+        local = Local()
+        (verdict,) = Dispatcher(config, None, local).score(  # type: ignore[arg-type]
+            Batch(DomainConfig(name="swe", reward=reward), [problem()], [GOLD])
+        )
+        if "reward queue unavailable" in verdict.detail:
+            return "workers"
+        return "front" if local.asked else "?"
+
+    default = DispatchConfig(remote_domains=frozenset())
+    judged = SweReward(mode="exact_or_judge", judge_model_path=Path("j"))
+    assert [route(r, default) for r in (None, SweReward(), judged)] == ["workers"] * 3
+    light = [SweReward(mode="similarity"), SweReward(mode="exact_or_judge")]
+    assert [route(r, default) for r in light] == ["front"] * 2
+    never = DispatchConfig(remote_domains=frozenset(), remote_when_heavy=frozenset())
+    assert route(SweReward(), never) == "front"
+    assert route(SweReward(mode="similarity"), DispatchConfig(remote_domains=frozenset({"swe"}))) == "workers"
 
 
 # --------------------------------------------------------------------------- generator
