@@ -1,4 +1,4 @@
-"""Memory and process caps for one sandbox worker's whole process tree (cgroup v1 or v2).
+"""Memory, process and CPU caps for one sandbox worker's whole process tree (cgroup v1 or v2).
 
 RLIMIT_AS bounds one process; a program that forks ten children could use ten times that.
 A memory cgroup bounds all of a worker's processes together (the worker runs one execution at
@@ -6,6 +6,14 @@ a time, so the cap is per execution plus the worker's own few MB), and a pids cg
 process count whatever uid the processes run as. The OOM-kill counter tells a memory kill from
 any other SIGKILL. Needs write access to the cgroup tree (root, or a delegated subtree);
 `available()` says whether it has it.
+
+A CPU quota (`cpu.max` on v2, `cpu.cfs_quota_us` on v1) bounds each worker to `cpus` CPUs'
+worth of time, however many threads, processes or sessions its program starts: without it,
+a program whose children spin takes the cores from the execution running on the other worker,
+and a correct program there times out (one completion costing another its reward). CFS
+schedules the worker's group as one entity, so the neighbour keeps its own share too.
+`cpu_available()` says whether the bound can be enforced here; the preflight says so loudly
+when it cannot.
 """
 
 from __future__ import annotations
@@ -26,6 +34,9 @@ EXEC_OVERHEAD_MB = 16
 """What an execution's A and B use beside the program, within the execution's own memory cap."""
 WORKER_OVERHEAD_PIDS = 8
 """bwrap, its init, the worker, its zygote, the execution's A and B, and a spare."""
+CPU_PERIOD_US = 100_000
+"""The CFS period of the CPU quota (the kernel's default): a worker over its quota waits at most
+this long for the next period."""
 
 
 def _v2_root() -> Path | None:
@@ -64,6 +75,37 @@ def available() -> bool:
     return False
 
 
+def _cpu_parent(enable: bool = False) -> Path | None:
+    """The directory under which worker CPU groups are made, or None where the CPU bound cannot
+    be enforced. On v2 it is the memory and pids parent, with `cpu` in its subtree_control
+    (`enable` adds it when missing, which root may); on v1 the cpu hierarchy's root."""
+    dirs = _parent_dirs()
+    if dirs is None:
+        return None
+    if _v2_root() is not None:
+        control = dirs[0] / "cgroup.subtree_control"
+        if "cpu" not in control.read_text().split() and enable:
+            with contextlib.suppress(OSError):
+                control.write_text("+cpu")
+        return dirs[0] if "cpu" in control.read_text().split() else None
+    cpu = ROOT / "cpu"
+    if (cpu / "cpu.cfs_quota_us").exists() and os.access(cpu, os.W_OK):
+        return cpu
+    return None
+
+
+def cpu_available() -> bool:
+    """Whether each worker's CPU can be bounded here (a writable cpu controller)."""
+    with contextlib.suppress(OSError, ValueError):
+        if _cpu_parent() is not None:
+            return True
+        v2 = _v2_root()
+        dirs = _parent_dirs()
+        if v2 is not None and dirs is not None:  # not enabled yet, but root may enable it
+            return "cpu" in (dirs[0] / "cgroup.controllers").read_text().split()
+    return False
+
+
 @dataclass
 class WorkerGroup:
     """The cgroup(s) of one sandbox worker; processes join with `join(pid)` (from a preexec_fn)."""
@@ -71,11 +113,14 @@ class WorkerGroup:
     memory_dir: Path
     pids_dir: Path
     v2: bool
+    cpu_dir: Path | None = None
+    """The worker's CPU group (the memory one on v2); None where the host cannot bound CPU."""
 
     @classmethod
-    def create(cls, name: str, owner_uid: int | None = None) -> WorkerGroup:
+    def create(cls, name: str, owner_uid: int | None = None, cpus: float | None = 1.0) -> WorkerGroup:
         """The worker's group and, on cgroup v1, its `exec` child that each execution joins
-        (its cgroup.procs handed to `owner_uid`, the sandbox uid)."""
+        (its cgroup.procs handed to `owner_uid`, the sandbox uid). `cpus`: the worker's CPU
+        quota in CPUs (None: no CPU group), applied where the host allows."""
         dirs = _parent_dirs()
         if dirs is None:
             raise OSError("no writable memory and pids cgroups")
@@ -83,6 +128,11 @@ class WorkerGroup:
         memory_dir.mkdir(exist_ok=True)
         pids_dir.mkdir(exist_ok=True)
         group = cls(memory_dir, pids_dir, _v2_root() is not None)
+        cpu_parent = _cpu_parent(enable=True) if cpus is not None else None
+        if cpus is not None and cpu_parent is not None:
+            group.cpu_dir = cpu_parent / name
+            group.cpu_dir.mkdir(exist_ok=True)
+            group.set_cpus(cpus)
         if not group.v2:
             with contextlib.suppress(OSError):  # no swap accounting on some hosts
                 (memory_dir / "memory.swappiness").write_text("0")
@@ -114,10 +164,39 @@ class WorkerGroup:
                 (exec_memory / "memory.swappiness").write_text("0")
             (exec_pids / "pids.max").write_text(str(processes + 2))  # + A and B
 
+    def set_cpus(self, cpus: float) -> None:
+        """At most `cpus` CPUs' worth of time per CFS period for the whole worker."""
+        if self.cpu_dir is None:
+            raise OSError("this worker has no CPU group")
+        quota = max(1000, round(cpus * CPU_PERIOD_US))
+        if self.v2:
+            (self.cpu_dir / "cpu.max").write_text(f"{quota} {CPU_PERIOD_US}")
+        else:
+            (self.cpu_dir / "cpu.cfs_period_us").write_text(str(CPU_PERIOD_US))
+            (self.cpu_dir / "cpu.cfs_quota_us").write_text(str(quota))
+
+    def cpu_limit(self) -> float | None:
+        """The CPU quota in force, in CPUs (None: unbounded or no CPU group)."""
+        if self.cpu_dir is None:
+            return None
+        with contextlib.suppress(OSError, ValueError):
+            if self.v2:
+                quota, period = (self.cpu_dir / "cpu.max").read_text().split()
+            else:
+                quota = (self.cpu_dir / "cpu.cfs_quota_us").read_text().strip()
+                period = (self.cpu_dir / "cpu.cfs_period_us").read_text().strip()
+            if quota not in ("max", "-1"):
+                return int(quota) / int(period)
+        return None
+
+    def dirs(self) -> list[Path]:
+        """Every group directory of the worker (the worker's processes join each)."""
+        return sorted({self.memory_dir, self.pids_dir, *([self.cpu_dir] if self.cpu_dir else [])})
+
     def join(self, pid: int = 0) -> None:
         """Move `pid` (0: the caller) into the group; called in the worker's preexec_fn."""
         pid = pid or os.getpid()
-        for directory in {self.memory_dir, self.pids_dir}:
+        for directory in self.dirs():
             (directory / "cgroup.procs").write_text(str(pid))
 
     def oom_kills(self) -> int:
@@ -150,7 +229,7 @@ class WorkerGroup:
 
     def remove(self) -> None:
         self.kill_all()
-        for directory in [*self.exec_dirs(), self.memory_dir, self.pids_dir]:
+        for directory in [*self.exec_dirs(), *self.dirs()]:
             with contextlib.suppress(OSError):
                 directory.rmdir()
 
@@ -161,7 +240,8 @@ def remove_stale(prefix: str) -> int:
     removed = 0
     if dirs is None:
         return 0
-    for parent in set(dirs):
+    cpu = _cpu_parent()
+    for parent in {*dirs, *([cpu] if cpu is not None else [])}:
         for group in parent.glob(f"{prefix}-*"):
             owner = group.name.removeprefix(f"{prefix}-").split("-", 1)[0]
             if owner.isdigit() and not Path(f"/proc/{owner}").exists():

@@ -3,10 +3,12 @@
 A worker is `bwrap` (every namespace unshared, no network, read-only /usr and root, private
 tmpfs /tmp, minimal /dev, new /proc, empty environment, dies with its parent) started as a
 dedicated non-root uid — bwrap started as real root leaves the program root's powers — in
-its own memory and pids cgroups where the host allows, running `nsworker.py` under the
-system interpreter. Each execution then costs a few forks and an `unshare`, not an
-interpreter start (see `nsworker`). A worker that stops answering is killed with its whole
-cgroup and restarted; its job comes back as `infra_error`, never as a reward of 0.
+its own memory, pids and CPU cgroups where the host allows (the CPU quota, one CPU per worker
+by default, keeps one execution's busy threads and processes from starving the execution on
+the other worker), running `nsworker.py` under the system interpreter. Each execution then
+costs a few forks and an `unshare`, not an interpreter start (see `nsworker`). A worker that
+stops answering is killed with its whole cgroup and restarted; its job comes back as
+`infra_error`, never as a reward of 0.
 """
 
 from __future__ import annotations
@@ -49,6 +51,12 @@ _SETUP_S = 10.0
 PROCESSES_AT_REST = 4
 """Processes of an idle worker (its cgroup's count): bwrap, bwrap's init, the worker, its zygote."""
 log = logging.getLogger(__name__)
+CPU_UNBOUNDED = (
+    "SANDBOX CPU UNBOUNDED: no writable cpu cgroup here (cgroup v1 `cpu` hierarchy, or `cpu` in "
+    "a delegated v2 subtree), so a program's busy threads, forks or new sessions can take the "
+    "cores from the program on the other worker, which then times out: one completion can cost "
+    "another its reward. Run the reward workers as root or with a delegated cgroup subtree."
+)
 
 _LAUNCHER = """
 import os, sys
@@ -72,6 +80,9 @@ class BwrapSettings:
     bwrap: str = "bwrap"
     use_cgroups: bool = True
     """Cap memory and processes of a whole execution with cgroups when the host allows."""
+    cpus_per_worker: float | None = 1.0
+    """CPU quota of each worker (its judge and its execution together), in CPUs; None: none.
+    Applied with `use_cgroups` where the host has a writable cpu controller."""
 
 
 class SandboxUnavailable(RuntimeError):
@@ -157,7 +168,9 @@ class SandboxWorker:
         uid = self.settings.uid if os.geteuid() == 0 else os.geteuid()
         bwrap_argv(self.settings, self.harness_dir)  # SandboxUnavailable before any cgroup is made
         if self.settings.use_cgroups and cgroups.available():
-            self.group = cgroups.WorkerGroup.create(self.name, owner_uid=uid)
+            self.group = cgroups.WorkerGroup.create(
+                self.name, owner_uid=uid, cpus=self.settings.cpus_per_worker
+            )
             self._limits = None
         exec_procs = [d / "cgroup.procs" for d in self.group.exec_dirs()] if self.group else []
         argv = bwrap_argv(self.settings, self.harness_dir, exec_procs)
@@ -172,9 +185,7 @@ class SandboxWorker:
         self._base_pids = len(self.group.pids()) if self.group is not None else 0
 
     def _group_dirs(self) -> list[Path]:
-        if self.group is None:
-            return []
-        return sorted({self.group.memory_dir, self.group.pids_dir})
+        return [] if self.group is None else self.group.dirs()
 
     def execute(self, job: dict[str, Any]) -> dict[str, Any]:
         if self.proc is None or self.proc.poll() is not None:
@@ -301,6 +312,12 @@ class SandboxPool:
         except BaseException:
             self.close()
             raise
+        if self.settings.cpus_per_worker is not None and not self.cpu_bounded():
+            log.warning(CPU_UNBOUNDED)
+
+    def cpu_bounded(self) -> bool:
+        """Whether every worker runs under its CPU quota."""
+        return all(w.group is not None and w.group.cpu_limit() is not None for w in self.workers)
 
     def run(self, jobs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         todo: queue.SimpleQueue[int] = queue.SimpleQueue()

@@ -34,8 +34,10 @@ In a container or Kubernetes pod the sandbox needs:
     runs under the sandbox's own filter, stacked on the pod's;
   - IPC sysctls that the root of a new IPC namespace may write (kernel.shmmax and co., per
     namespace on recent kernels): each execution caps its own System V IPC;
-  - optional: a writable (delegated) cgroup subtree for per-execution memory and process
-    caps; without it memory is capped per process (RLIMIT_AS) only."""
+  - optional but strongly advised: a writable (delegated) cgroup subtree with the memory, pids
+    and cpu controllers, for per-execution memory and process caps and a per-worker CPU quota;
+    without it memory is capped per process (RLIMIT_AS) only, and a program's CPU hogs can
+    make the program on the other worker time out."""
 
 
 @dataclass(frozen=True)
@@ -70,9 +72,27 @@ def check(settings: BwrapSettings | None = None) -> list[Check]:
         "memory and pids caps per execution" if has_cgroups else "unavailable: RLIMIT_AS per process only"
     )
     checks.append(Check("cgroups", has_cgroups, detail, required=False))
+    checks.append(_cpu_check(settings, has_cgroups))
     if all(c.ok for c in checks if c.required):
         checks.append(_start_check(settings))
     return checks
+
+
+def _cpu_check(settings: BwrapSettings, has_cgroups: bool) -> Check:
+    """The per-worker CPU quota: without it one execution's CPU hogs can make another time out."""
+    if settings.cpus_per_worker is None:
+        return Check("cpu bound", False, "UNBOUNDED: cpus_per_worker is None (" + _HOG_RISK + ")", False)
+    if has_cgroups and cgroups.cpu_available():
+        detail = f"{settings.cpus_per_worker:g} CPU quota per worker (cgroup cpu controller)"
+        return Check("cpu bound", True, detail, required=False)
+    return Check("cpu bound", False, "UNBOUNDED: no writable cpu cgroup (" + _HOG_RISK + ")", False)
+
+
+_HOG_RISK = (
+    "a program's busy threads or processes can starve the program on the other worker, which then "
+    "times out: one completion can cost another its reward; run as root or delegate a cgroup "
+    "subtree with the cpu controller"
+)
 
 
 _PROBE = """

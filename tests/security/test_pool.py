@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from cascade.sandbox import preflight
+from cascade.sandbox import cgroups, preflight
 from cascade.sandbox.pool import BwrapSettings, SandboxPool, SandboxUnavailable
 
 LIMITS = {
@@ -92,3 +92,26 @@ def test_pool_started_in_a_thread_survives_the_thread() -> None:
         assert pool.workers[0].restarts == 0
     finally:
         pool.close()
+
+
+@needs_bwrap
+def test_an_unbounded_cpu_is_said_loudly(caplog: pytest.LogCaptureFixture) -> None:
+    """Without a CPU quota one execution's hogs can make another time out: the preflight and
+    the pool say so (here by turning cgroups off; on a host without a writable cpu controller
+    the same)."""
+    checks = {c.name: c for c in preflight.check(BwrapSettings(use_cgroups=False))}
+    assert not checks["cpu bound"].ok and not checks["cpu bound"].required
+    assert checks["cpu bound"].detail.startswith("UNBOUNDED") and "reward" in checks["cpu bound"].detail
+    assert "warn  cpu bound: UNBOUNDED" in preflight.format_report(list(checks.values()))
+    with caplog.at_level("WARNING", logger="cascade.sandbox.pool"):
+        pool = SandboxPool(1, BwrapSettings(use_cgroups=False))
+    try:
+        assert not pool.cpu_bounded()
+        assert any("SANDBOX CPU UNBOUNDED" in r.getMessage() for r in caplog.records)
+    finally:
+        pool.close()
+    bounded = SandboxPool(1)
+    try:
+        assert bounded.cpu_bounded() == (cgroups.available() and cgroups.cpu_available())
+    finally:
+        bounded.close()

@@ -7,18 +7,26 @@ the problem; each must earn nothing, with the verdict a fair judge would give, a
 `infra_error` (masked out of training, so a failing answer would escape its penalty). After
 all of them, in the same batch and again after it, on the same pool, a correct solution still
 earns 1 and no worker was restarted.
+
+The shared corpus (`corpus_code.py`: replies of the wrong shape, lying values, close floats,
+lookup tables of the shown examples, CPU hogs) is scored the same way, each case under its own
+reward config, every right case after all the hostile ones and again after the batch.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
+from typing import Any
 
 import pytest
+from corpus_code import CASES, RIGHT
+from hostile_cases import failures
 
 from cascade.config import CodeReward, DomainConfig
 from cascade.domains import make_domain
-from cascade.domains.base import Problem, RewardVerdict
+from cascade.domains.base import INFRA_ERROR, Problem, RewardVerdict
 from cascade.sandbox import pool as sandbox_pool
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
@@ -319,3 +327,62 @@ def test_sleeping_in_every_test_holds_a_worker_one_budget(domain_and_problem: tu
     verdict = domain.score_batch([problem], [completion(slow)])[0]  # type: ignore[attr-defined]
     assert (verdict.reward, verdict.reason) == (0.0, "timeout"), verdict
     assert time.monotonic() - start < REWARD.time_limit_s + 1.5
+
+
+# --------------------------------------------------------------------------- the shared corpus
+
+
+def _domain(config: dict[str, Any]) -> Any:
+    return make_domain(DomainConfig(name="code", reward=CodeReward(**config)))
+
+
+@pytest.fixture(scope="module")
+def corpus_verdicts() -> tuple[list[RewardVerdict], list[RewardVerdict]]:
+    """Per reward config, one batch: its hostile cases, then its right ones (as a step would)."""
+    hostile: list[RewardVerdict | None] = [None] * len(CASES)
+    right: list[RewardVerdict | None] = [None] * len(RIGHT)
+    configs = {json.dumps(c.reward_config, sort_keys=True) for c in [*CASES, *RIGHT]}
+    for key in sorted(configs):
+        cases = [i for i, c in enumerate(CASES) if json.dumps(c.reward_config, sort_keys=True) == key]
+        rights = [i for i, r in enumerate(RIGHT) if json.dumps(r.reward_config, sort_keys=True) == key]
+        problems = [CASES[i].problem for i in cases] + [RIGHT[i].problem for i in rights]
+        texts = [CASES[i].completion for i in cases] + [RIGHT[i].completion for i in rights]
+        scored = _domain(json.loads(key)).score_batch(problems, texts)
+        for slot, verdict in zip([*cases, *[-1 - i for i in rights]], scored, strict=True):
+            if slot >= 0:
+                hostile[slot] = verdict
+            else:
+                right[-1 - slot] = verdict
+    assert None not in hostile and None not in right
+    return hostile, right  # type: ignore[return-value]
+
+
+def test_corpus_covers_each_class() -> None:
+    names = {c.name for c in CASES}
+    assert len(CASES) >= 10
+    for prefix in ("reply_", "float_for_int", "bool_for_int", "lookup_table", "print_the_format", "busy_"):
+        assert any(n.startswith(prefix) for n in names), prefix
+    assert any(c.reward_config.get("mode") == "pass_fraction" for c in CASES)
+
+
+def test_corpus_hostile_cases_earn_nothing_and_are_never_infra(
+    corpus_verdicts: tuple[list[RewardVerdict], list[RewardVerdict]],
+) -> None:
+    hostile, _ = corpus_verdicts
+    assert failures(CASES, hostile) == []
+    for verdict in hostile:
+        verdict.detail.encode("utf-8")
+        assert verdict.reason != INFRA_ERROR
+
+
+def test_corpus_right_cases_are_paid_in_the_same_run_and_after(
+    corpus_verdicts: tuple[list[RewardVerdict], list[RewardVerdict]],
+) -> None:
+    _, right = corpus_verdicts
+    wrong = [(r.name, v) for r, v in zip(RIGHT, right, strict=True) if v.reward != pytest.approx(r.reward)]
+    assert wrong == []
+    for case in RIGHT:  # and again, on the same pool, after every hostile batch
+        again = _domain(case.reward_config).score(case.problem, case.completion)
+        assert again.reward == pytest.approx(case.reward), (case.name, again)
+    pools = [p for p in sandbox_pool._pools.values() if p.owner == sandbox_pool.os.getpid()]
+    assert pools and all(w.restarts == 0 for p in pools for w in p.workers)
