@@ -146,10 +146,10 @@ def module_of(path: str) -> str:
 
 
 DRIVER = '''
-import importlib, importlib.abc, importlib.machinery, sys, unittest
+import importlib, importlib.machinery, sys
 
 
-class _RepoImporter(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+class _RepoImporter:
     """Serves the repository's modules from _REPO (first on sys.meta_path, like a repo root)."""
 
     def find_spec(self, name, path=None, target=None):
@@ -192,6 +192,8 @@ def _run_test(test_id):
     path, *names = test_id.split("::")
     target = _module(path)
     if len(names) == 2:
+        import unittest  # only here: importing it costs more than a small repository's tests
+
         cls = getattr(target, names[0])
         if isinstance(cls, type) and issubclass(cls, unittest.TestCase):
             result = unittest.TestResult()

@@ -3,6 +3,8 @@ applying patches to a repository, the judge, the adapter's runnable rows and the
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -722,6 +724,18 @@ def _run_tests(source: str, tests: list[str]) -> list[bool]:
     return results
 
 
+def _values(source: str, checks: list[dict[str, Any]]) -> list[Any]:
+    namespace: dict[str, Any] = {}
+    exec(source, namespace)
+    out = []
+    for check in checks:
+        try:
+            out.append(json.loads(json.dumps(eval(check["expr"], namespace))))
+        except Exception as err:
+            out.append(repr(err))
+    return out
+
+
 def test_every_reference_scores_one_and_really_fixes_the_bug() -> None:
     domain = SweDomain()
     problems = domain.make_problems("train", 150, 0) + domain.make_problems("eval", 40, 0)
@@ -736,6 +750,14 @@ def test_every_reference_scores_one_and_really_fixes_the_bug() -> None:
         assert apply_file_patch(p.meta["source"], patch.files[0]) == p.meta["fixed"]
         assert all(_run_tests(p.meta["fixed"], p.meta["tests"])), p.id
         assert not all(_run_tests(p.meta["source"], p.meta["tests"])), p.id
+        # The execution reward's repository and value checks: the fixed file's values, which the
+        # buggy one does not all give.
+        assert p.meta["repo_files"] == {path: p.meta["source"]}
+        checks = p.meta["swe_tests"]
+        assert [c["expr"] for c in checks] == [re.split(" (?:==|is) ", t)[0] for t in p.meta["tests"]]
+        assert {c["module"] for c in checks} == {path.removesuffix(".py").replace("/", ".")}
+        assert _values(p.meta["fixed"], checks) == [c["output"] for c in checks]
+        assert _values(p.meta["source"], checks) != [c["output"] for c in checks], p.id
     assert {p.meta["bug"] for p in problems} == set(BUG_KINDS)
     wrong = domain.score_batch(problems[:20], [p.answer.replace("+", "-", 1) for p in problems[:20]])
     assert all(v.reward < 1.0 for v in wrong)
