@@ -58,7 +58,17 @@ class Batch:
 
 
 def domain_key(domain: DomainConfig) -> str:
-    return json.dumps(domain.model_dump(mode="json", include={"name", "reward"}), sort_keys=True)
+    """Only the reward fields the client set (and `kind`): a validator may read which were set
+    (swe refuses `semantic_weight` outside its `similarity` mode), so the workers must parse
+    what the client sent, not every default spelled out."""
+    reward = domain.reward
+    data = {
+        "name": domain.name,
+        "reward": None
+        if reward is None
+        else {**reward.model_dump(mode="json", exclude_unset=True), "kind": reward.kind},
+    }
+    return json.dumps(data, sort_keys=True)
 
 
 def batch_from_payload(domain_json: str, items: Sequence[dict[str, Any]]) -> Batch:
