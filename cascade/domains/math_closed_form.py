@@ -8,13 +8,17 @@ problem's arithmetic would be paid without doing it. The guard looks at the answ
 A final answer is in closed form unless its tree still holds an operation that evaluates away:
 
 - a sum with two terms that sympy would combine: two numbers (`47+38`, `85+0`,
-  `\\frac12+\\frac13`) or like terms (`\\sqrt2+\\sqrt2`, `x+x`);
+  `\\frac12+\\frac13`) or like terms (`\\sqrt2+\\sqrt2`, `x+x`), nested sums flattened and signs
+  and numeric factors distributed first (`47-(\\sqrt2-38)+\\sqrt2` holds 47 and 38);
 - a product with two numeric coefficients (`2\\cdot3`, `85\\cdot1`) or like factors
   (`\\sqrt2\\cdot\\sqrt2`); a sign (-1) is not a coefficient;
 - an integer power of a number (`2^{10}`, `85^1`), except a power of ten (`10^6`, `8.5\\times10^1`,
   `1.5\\times10^{-3}`: scientific notation), and a root that is rational (`\\sqrt{4}`);
 - a function of numbers whose value is rational (`|-85|`, `\\lfloor 85.5\\rfloor`, `\\sin 0`, `5!`);
-- an unevaluated operator: a sum, product, limit, integral or derivative.
+- an unevaluated operator: a sum, product, limit, integral or derivative;
+- against a gold without variables, any variable (`47+38\\cdot1^x`, `47+38(\\sin^2x+\\cos^2x)`,
+  `\\frac{170x}{2x}`): if such an answer equals the gold, its variables cancel (relations and
+  set conditions like `x \\ge 0` are exempt: their variable is their point).
 
 Accepted as closed forms: number literals (`85`, `85.0`, `-85`), a fraction that is a number
 (`\\frac{170}{2}`, `\\frac{4}{2}`: latex2sympy reads a fraction of integers as the rational it
@@ -27,6 +31,12 @@ The gold itself may be written in a form this rule calls unevaluated (an answer 
 an answer may leave unevaluated what the gold leaves unevaluated, node for node. When the answer
 is an equation and the gold is not, only its last right-hand side is judged, as math-verify
 compares only that (`47+38=85` commits to 85; `85=47+38` to the sum).
+
+What it does not try to catch: a value disguised after it was computed (`\\binom{85}{1}` and
+`e^{\\ln 85}`, which latex2sympy folds while parsing; `\\sqrt2(\\sqrt2+1)-\\sqrt2+83`). Those pay
+only a policy that already knows the answer. The rule needs no problem text: it judges the
+answer alone, so it holds for any prompt (an answer that echoes a problem's `\\frac{6}{4}` as
+`\\frac{6}{4}` is read as the rational 3/2 and accepted).
 """
 
 from __future__ import annotations
@@ -76,6 +86,25 @@ def _factors(expr: Basic) -> Iterator[Basic]:
         yield expr
 
 
+_MAX_TERMS = 256
+"""A sum is flattened into at most this many terms (more: judged as it is written)."""
+
+
+def _terms(expr: Basic) -> list[Basic]:
+    """The terms of a sum, nested sums flattened and numeric factors distributed over them:
+    `47 - (\\sqrt2 - 38) - \\sqrt2` has the terms 47, -\\sqrt2, 38, -\\sqrt2 (a product of
+    non-numbers is kept whole: `(x+1)(x-1)` is a form, not a sum to do)."""
+    if isinstance(expr, sympy.Add):
+        out = [t for arg in expr.args for t in _terms(arg)]
+        return out if len(out) <= _MAX_TERMS else list(expr.args)
+    if isinstance(expr, sympy.Mul):
+        sums = [f for f in expr.args if isinstance(f, sympy.Add)]
+        rest = [f for f in expr.args if not isinstance(f, sympy.Add)]
+        if len(sums) == 1 and all(_rational_valued(f) or isinstance(f, sympy.UnevaluatedExpr) for f in rest):
+            return [sympy.Mul(*rest, t, evaluate=False) for t in _terms(sums[0])]
+    return [expr]
+
+
 def _like_key(term: Basic) -> frozenset[tuple[Basic, int]]:
     """What a term is a multiple of: its factors that are not numbers (empty for a number)."""
     rest = Counter(f for f in _factors(term) if not _rational_valued(f))
@@ -123,7 +152,7 @@ def _folds(node: Basic) -> str | None:
     if isinstance(node, _OPERATORS):
         return f"unevaluated {type(node).__name__.lower()}"
     if isinstance(node, sympy.Add):
-        keys = Counter(_like_key(term) for term in node.args)
+        keys = Counter(_like_key(term) for term in _terms(node))
         if any(n > 1 for n in keys.values()):
             return "a sum still to be done"
     elif isinstance(node, sympy.Mul):
@@ -177,15 +206,30 @@ def _trees(parsed: Iterable[Any]) -> list[Basic | MatrixBase]:
     return [p for p in parsed if isinstance(p, (Basic, MatrixBase))]
 
 
+def _variables(expr: Basic | MatrixBase) -> set[str]:
+    return {str(s) for s in expr.free_symbols}
+
+
+_CONDITIONS = (sympy.logic.boolalg.Boolean, sympy.ConditionSet, sympy.ImageSet)
+"""Answers whose variables are their point (`x \\ge 0`, `x \\in \\{1,2\\}`): the variable rule skips them."""
+
+
 def not_closed_form(gold: Sequence[Any], pred: Sequence[Any]) -> str | None:
     """Why the parsed answer `pred` is not a closed form (see the module docstring), or None.
 
     `gold` and `pred` are math-verify `parse` results (sympy trees and strings)."""
     allowed: set[Basic] = set()
+    gold_variables: set[str] = set()
     for tree in _trees(gold):
         allowed |= set(unevaluated_parts(tree))
+        gold_variables |= _variables(tree)
     for tree in _trees(pred):
-        for node, why in unevaluated_parts(_judged_part(tree, gold)).items():
+        judged = _judged_part(tree, gold)
+        for node, why in unevaluated_parts(judged).items():
             if node not in allowed:
                 return f"{why}: {sympy.sstr(node)[:60]}"
+        if gold_variables or isinstance(judged, _CONDITIONS):
+            continue  # a symbolic or text gold: math-verify matches variables itself
+        if variables := _variables(judged):
+            return f"a variable in an answer that has none: {', '.join(sorted(variables))[:60]}"
     return None

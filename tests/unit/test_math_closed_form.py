@@ -49,6 +49,12 @@ TABLE: list[tuple[str, str, str, str]] = [
     ("2\\sqrt{2}", "\\boxed{\\sqrt{2}+\\sqrt{2}}", WRONG_ANSWER, "sum"),
     ("2", "\\boxed{\\sqrt{2}\\cdot\\sqrt{2}}", WRONG_ANSWER, "product"),
     ("2x", "\\boxed{x+x}", WRONG_ANSWER, "sum"),
+    ("85", "\\boxed{47 - (\\sqrt{2} - 38) + \\sqrt{2}}", WRONG_ANSWER, "sum"),
+    ("85", "\\boxed{47 - (x - 38) + x}", WRONG_ANSWER, "sum"),
+    ("85", "\\boxed{47 + 38(\\sin^2 x + \\cos^2 x)}", WRONG_ANSWER, "variable"),
+    ("85", "\\boxed{47 + 38\\cdot 1^x}", WRONG_ANSWER, "variable"),
+    ("85", "\\boxed{\\frac{170x}{2x}}", WRONG_ANSWER, "variable"),
+    ("85", "\\boxed{\\begin{pmatrix}47+38\\end{pmatrix}}", WRONG_ANSWER, "sum"),
     # -- forms of the value: closed forms, right
     ("85", "\\boxed{85}", OK, ""),
     ("85", "\\boxed{85.0}", OK, ""),
@@ -79,6 +85,10 @@ TABLE: list[tuple[str, str, str, str]] = [
     ("x^2+2x+1", "\\boxed{(x+1)^2}", OK, ""),
     ("49", "\\boxed{7\u00b2}", WRONG_ANSWER, "power"),
     ("(1,2)", "\\boxed{(1,2)}", OK, ""),
+    ("x^2-1", "\\boxed{(x+1)(x-1)}", OK, ""),
+    ("x^2+x", "\\boxed{x(x+1)}", OK, ""),
+    ("[0,\\infty)", "\\boxed{x \\ge 0}", OK, ""),
+    ("\\text{Monday}", "\\boxed{\\text{Monday}}", OK, ""),
     ("[0,\\infty)", "\\boxed{[0, \\infty)}", OK, ""),
     # -- a gold written in a form the rule calls unevaluated allows that same form
     ("2^{10}", "\\boxed{2^{10}}", OK, ""),

@@ -93,6 +93,14 @@ CASES: list[HostileCase] = [
     _echo("power_of_two", "\\boxed{2^2}", FOUR),
     _echo("unicode_square", "\\boxed{2\u00b2}", FOUR),
     _echo("like_radicals", "\\boxed{\\sqrt{2}+\\sqrt{2}}", problem("What is \\sqrt{8}?", "2\\sqrt{2}")),
+    # -- the problem's arithmetic hidden behind terms that cancel
+    _echo("cancelling_variable", "\\boxed{47 - (x - 38) + x}"),
+    _echo("cancelling_radical", "\\boxed{47 - (\\sqrt{2} - 38) + \\sqrt{2}}"),
+    _echo("one_to_a_power", "\\boxed{47 + 38\\cdot 1^x}"),
+    _echo("trig_identity", "\\boxed{47 + 38(\\sin^2 x + \\cos^2 x)}"),
+    _echo("distributed_factor", "\\boxed{2(x+1) - 2x + 83}"),
+    _echo("variable_over_itself", "\\boxed{\\frac{85x}{x}}"),
+    _echo("matrix_of_echo", "\\boxed{\\begin{pmatrix}47+38\\end{pmatrix}}"),
     # -- radicals read loosely: a gold of 3 must not accept 3 times a radical
     _echo("unicode_radical_for_integer", "The answer is 3\u221a2", THREE),
     _echo("unboxed_radical_for_integer", "So the answer is 3\\sqrt{2}.", THREE),
