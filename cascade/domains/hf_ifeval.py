@@ -6,8 +6,8 @@ lists), with IFEval's kwargs renamed to the rule's params. IFEval's strict "less
 None values are dropped. An id with no mapping is `UnknownInstruction` (naming it), or, with
 `unknown_instructions: skip`, an unconvertible row.
 
-Every id of IFEval's registry is mapped. `change_case:english_capital` and `..._lowercase` are
-two rules each: the case rule and `response_language` `en` (the instruction says "in English").
+Every id of IFEval's registry is mapped. `change_case:english_capital` and `..._lowercase` check
+the case and that the response is English (the instruction says "in English"), on the same text.
 `combination:repeat_prompt` is `start_with_phrase` with the prompt to repeat.
 """
 
@@ -81,14 +81,8 @@ IFEVAL_RULES: dict[str, Mapping_] = {
     ),
     "keywords:existence": _each_word("include_word", "keywords"),
     "keywords:forbidden_words": _each_word("exclude_word", "forbidden_words"),
-    "change_case:english_capital": lambda kw: [
-        ("all_uppercase", {}),
-        ("response_language", {"language": "en"}),
-    ],
-    "change_case:english_lowercase": lambda kw: [
-        ("all_lowercase", {}),
-        ("response_language", {"language": "en"}),
-    ],
+    "change_case:english_capital": _one("english_uppercase"),
+    "change_case:english_lowercase": _one("english_lowercase"),
     "language:response_language": _one("response_language", language="language"),
     "length_constraints:nth_paragraph_first_word": lambda kw: [
         (

@@ -133,9 +133,8 @@ def test_ifeval_rules(ext: str) -> None:
         {"name": "no_commas", "params": {}},
         {"name": "max_words", "params": {"n": 39}},  # "less than 40"
     ]
-    assert by_id["ifeval-1001"].meta["rules"] == [  # "in English, all lowercase": two rules
-        {"name": "all_lowercase", "params": {}},
-        {"name": "response_language", "params": {"language": "en"}},
+    assert by_id["ifeval-1001"].meta["rules"] == [
+        {"name": "english_lowercase", "params": {}},  # all lowercase, in English
         {"name": "include_word", "params": {"word": "moon"}},
     ]
     assert by_id["ifeval-1002"].meta["rules"][1] == {

@@ -139,6 +139,12 @@ CASES: list[tuple[dict[str, Any], str, str]] = [
         "Le chat est assis sur le tapis et regarde par la fen\u00eatre.",
     ),
     (
+        {"name": "english_uppercase"},
+        "THE CAT SAT ON THE MAT BY THE DOOR.",
+        "DIE KATZE SITZT AUF DER MATTE UND SCHAUT AUS DEM FENSTER.",
+    ),
+    ({"name": "english_lowercase"}, "the cat sat on the mat by the door.", "le chat est assis sur le tapis."),
+    (
         {"name": "markdown_bullets", "params": {"n": 2}},
         "Intro:\n* one\n  - two\nEnd",
         "* one\n---\n*two*\n- ",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from cascade.domains.if_rules.basic import load_json
+from cascade.domains.if_rules.basic import AllLowercase, AllUppercase, load_json
 from cascade.domains.if_rules.core import WORD_RE, Rule, register, word_key, word_keys, words
 from cascade.domains.if_rules.text import (
     _CountRule,
@@ -359,6 +359,34 @@ class ResponseLanguage(Rule):
         from cascade.domains.if_rules.language import detect_language
 
         return detect_language(response) == self.params["language"]
+
+
+@register
+class EnglishUppercase(AllUppercase):
+    name = "english_uppercase"
+    template = "Your entire response should be in English, and in all capital letters."
+    description = (
+        "`all_uppercase` and, on the same text, `response_language` `en` (IFEval's english_capital)."
+    )
+
+    def check(self, response: str) -> bool:
+        from cascade.domains.if_rules.language import detect_language
+
+        return super().check(response) and detect_language(response) == "en"
+
+
+@register
+class EnglishLowercase(AllLowercase):
+    name = "english_lowercase"
+    template = "Your entire response should be in English, and in all lowercase letters."
+    description = (
+        "`all_lowercase` and, on the same text, `response_language` `en` (IFEval's english_lowercase)."
+    )
+
+    def check(self, response: str) -> bool:
+        from cascade.domains.if_rules.language import detect_language
+
+        return super().check(response) and detect_language(response) == "en"
 
 
 @register

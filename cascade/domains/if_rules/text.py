@@ -13,9 +13,10 @@ _TOKEN = re.compile(r"\S+")
 _CLOSERS = "\"'\u201d\u2019)]}*_"
 _OPENERS = "\"'\u201c\u2018([{*_"
 _ABBREVIATIONS = frozenset(
-    "e.g i.e etc vs cf mr mrs ms dr prof st jr sr fig approx inc ltd co corp jan feb mar apr jun "
-    "jul aug sep sept oct nov dec mon tue wed thu fri sat sun u.s u.k a.m p.m ph.d".split()
+    "e.g i.e etc vs cf mr mrs ms dr prof st jr sr fig approx inc ltd co corp u.s u.k a.m p.m ph.d".split()
 )
+"""Full stops that do not end a sentence. Words that are also names or plain words (`Jan.`,
+`Sun.`, `No.`) are left out: "We sat in the sun. It was warm." is two sentences."""
 
 
 def _ends_sentence(token: str) -> bool:
@@ -60,9 +61,10 @@ def sentences(text: str) -> list[str]:
 
 
 def _is_divider(line: str) -> bool:
-    """A markdown divider line: three or more `*` and nothing else but blanks."""
+    """A markdown divider line: three to five `*` and nothing else but blanks. Six (`******`) is
+    IFEval's separator of two responses (combination:two_responses), not of paragraphs."""
     stripped = line.strip()
-    return len(stripped) >= 3 and stripped.strip("*") == ""
+    return 3 <= len(stripped) <= 5 and stripped.strip("*") == ""
 
 
 def paragraphs(text: str) -> list[str]:
