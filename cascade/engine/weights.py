@@ -9,7 +9,7 @@ wrong shape, NaN/inf values).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,6 +73,14 @@ def read_checkpoint(path: str | Path) -> dict[str, torch.Tensor]:
             raise WeightUpdateError(f"{file}: unreadable safetensors file ({err})") from None
         tensors.update(part)
     return tensors
+
+
+def iter_checkpoint(path: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """A checkpoint's tensors one at a time (file by file), without holding them all."""
+    for file in _files(Path(path)):
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
+                yield name, f.get_tensor(name)
 
 
 def header_specs(path: str | Path) -> dict[str, TensorSpec]:

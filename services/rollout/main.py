@@ -29,7 +29,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--dtype",
         choices=["float32", "bfloat16", "float16"],
         default=None,
-        help="weights dtype (default: float32 for hf, bfloat16 for vllm)",
+        help="weights dtype (default: float32 for hf; vllm: float32 on its CPU build, bfloat16 on a GPU)",
     )
     p.add_argument(
         "--version", type=int, default=0, help="policy version of the starting weights (default: 0)"
@@ -64,6 +64,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--max-model-len", type=int, default=None, help="vllm only: context length to serve")
     p.add_argument("--tensor-parallel-size", type=int, default=1, help="vllm only (default: %(default)s)")
+    p.add_argument(
+        "--enforce-eager",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="vllm only: no torch.compile / CUDA graphs (default: on for the CPU build, off on a GPU)",
+    )
+    p.add_argument(
+        "--kv-cache-gib",
+        type=float,
+        default=None,
+        help="vllm only: KV-cache size, overrides --gpu-memory-utilization (default: 1 on the CPU build)",
+    )
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     args = p.parse_args(argv)
     if not (args.model / "config.json").is_file():
@@ -73,21 +85,36 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.torch_threads < 0:
         p.error("--torch-threads must be 0 (default) or positive")
+    if args.engine == "vllm":
+        from pydantic import ValidationError
+
+        from cascade.config import VllmEngineConfig
+
+        try:
+            args.vllm_settings = VllmEngineConfig(**_vllm_fields(args))
+        except ValidationError as err:
+            first = err.errors()[0]
+            p.error(f"--{str(first['loc'][0]).replace('_', '-')}: {first['msg']}")
     return args
+
+
+def _vllm_fields(args: argparse.Namespace) -> dict[str, Any]:
+    fields = {
+        "dtype": args.dtype or "auto",
+        "enforce_eager": args.enforce_eager,
+        "kv_cache_gib": args.kv_cache_gib,
+        "gpu_memory_utilization": args.gpu_memory_utilization,
+        "max_model_len": args.max_model_len,
+        "tensor_parallel_size": args.tensor_parallel_size,
+    }
+    return fields
 
 
 def build_engine(args: argparse.Namespace) -> Any:
     if args.engine == "vllm":
         from cascade.engine.vllm import VLLMEngine
 
-        return VLLMEngine(
-            args.model,
-            dtype=args.dtype or "bfloat16",
-            version=args.version,
-            max_model_len=args.max_model_len,
-            gpu_memory_utilization=args.gpu_memory_utilization,
-            tensor_parallel_size=args.tensor_parallel_size,
-        )
+        return VLLMEngine(args.model, settings=args.vllm_settings, version=args.version)
     from cascade.engine.hf_engine import HFEngine
 
     return HFEngine.from_dir(

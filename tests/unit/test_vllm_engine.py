@@ -1,9 +1,7 @@
-"""The vLLM engine. vLLM cannot be installed on these machines, so:
-
-- the engine's own logic (sampling-parameter mapping, output conversion, checks before a weight
-  reload, the reload calls, versions) runs here against a stand-in `vllm` module that records
-  what the engine asks of it;
-- the test against real vLLM skips with the reason when vLLM is absent (always, here).
+"""The vLLM engine's own logic against a stand-in `vllm` module that records what the engine
+asks of it: sampling-parameter mapping, output conversion, settings and their errors, checks
+before a weight reload, the reload calls, versions. Real vLLM (the CPU build in `.venv-vllm`)
+runs in `tests/integration/test_vllm_*.py`; the main environment has no vLLM.
 """
 
 from __future__ import annotations
@@ -15,12 +13,15 @@ from typing import Any
 
 import pytest
 
+from cascade.config import VllmEngineConfig
 from cascade.engine.base import Engine, EngineRequestError, SamplingSettings, WeightUpdateError
 from cascade.engine.vllm import (
     WORKER_EXTENSION,
     EngineUnavailableError,
     VLLMEngine,
+    VllmSettingsError,
     import_vllm,
+    resolve_settings,
     vllm_available,
 )
 from cascade.engine.vllm_worker import CascadeWeightLoader
@@ -39,6 +40,7 @@ class FakeTokenizer:
 class FakeLLM:
     kwargs: dict[str, Any]
     calls: list[tuple[str, Any]] = field(default_factory=list)
+    reloaded: list[dict[str, Any]] = field(default_factory=list)
 
     def get_tokenizer(self) -> Any:
         return FakeTokenizer()
@@ -60,13 +62,14 @@ class FakeLLM:
 
     def collective_rpc(self, method: str, args: tuple[Any, ...] = ()) -> list[Any]:
         self.calls.append(("collective_rpc", (method, args)))
+        self.reloaded.append(read_checkpoint(args[0]))  # what a worker would read, while it exists
         return [None]
 
     def reset_prefix_cache(self) -> None:
         self.calls.append(("reset_prefix_cache", None))
 
 
-def fake_vllm() -> SimpleNamespace:
+def fake_vllm(cpu: bool = True) -> SimpleNamespace:
     made: list[FakeLLM] = []
 
     def llm(**kwargs: Any) -> FakeLLM:
@@ -78,13 +81,15 @@ def fake_vllm() -> SimpleNamespace:
         SamplingParams=lambda **kw: SimpleNamespace(**kw),
         TokensPrompt=lambda prompt_token_ids: SimpleNamespace(prompt_token_ids=prompt_token_ids),
         made=made,
+        platforms=SimpleNamespace(current_platform=SimpleNamespace(is_cpu=lambda: cpu)),
     )
 
 
 @pytest.fixture
 def engine(random_tiny_model: Path) -> tuple[VLLMEngine, FakeLLM]:
     module = fake_vllm()
-    eng = VLLMEngine(random_tiny_model, vllm_module=module, max_model_len=128)  # type: ignore[arg-type]
+    settings = VllmEngineConfig(max_model_len=128)
+    eng = VLLMEngine(random_tiny_model, settings=settings, vllm_module=module)  # type: ignore[arg-type]
     return eng, module.made[0]
 
 
@@ -95,6 +100,48 @@ def test_builds_llm_with_logprobs_mode_and_worker_extension(engine: tuple[VLLMEn
     assert llm.kwargs["worker_extension_cls"] == WORKER_EXTENSION
     assert eng.info.kind == "vllm" and eng.info.vocab_size == 384 and eng.info.max_context == 128
     assert eng.info.eos_token_ids == [2]
+
+
+def test_platform_defaults_and_explicit_settings(random_tiny_model: Path) -> None:
+    cpu, gpu = fake_vllm(cpu=True), fake_vllm(cpu=False)
+    VLLMEngine(random_tiny_model, vllm_module=cpu)  # type: ignore[arg-type]
+    VLLMEngine(random_tiny_model, vllm_module=gpu)  # type: ignore[arg-type]
+    on_cpu, on_gpu = cpu.made[0].kwargs, gpu.made[0].kwargs
+    assert (on_cpu["dtype"], on_cpu["enforce_eager"], on_cpu["kv_cache_memory_bytes"]) == (
+        "float32",
+        True,
+        2**30,
+    )
+    assert (on_gpu["dtype"], on_gpu["enforce_eager"]) == ("bfloat16", False)
+    assert "kv_cache_memory_bytes" not in on_gpu and on_gpu["gpu_memory_utilization"] == 0.85
+    assert on_cpu["max_model_len"] == 256  # the model's max_position_embeddings
+    settings = VllmEngineConfig(
+        dtype="bfloat16",
+        enforce_eager=False,
+        kv_cache_gib=0.5,
+        max_model_len=64,
+        tensor_parallel_size=2,
+        seed=4,
+    )
+    VLLMEngine(random_tiny_model, settings=settings, vllm_module=cpu)  # type: ignore[arg-type]
+    mine = cpu.made[1].kwargs
+    assert (mine["dtype"], mine["enforce_eager"], mine["kv_cache_memory_bytes"]) == ("bfloat16", False, 2**29)
+    assert (mine["max_model_len"], mine["tensor_parallel_size"], mine["seed"]) == (64, 2, 4)
+
+
+def test_bad_settings_name_the_field() -> None:
+    config = {"max_position_embeddings": 256, "num_attention_heads": 4, "num_key_value_heads": 2}
+    with pytest.raises(VllmSettingsError, match="max_model_len: 512 is over the model's max_position"):
+        resolve_settings(VllmEngineConfig(max_model_len=512), config, on_cpu=True)
+    with pytest.raises(
+        VllmSettingsError, match="tensor_parallel_size: 4 does not divide .*num_key_value_heads"
+    ):
+        resolve_settings(VllmEngineConfig(tensor_parallel_size=4), config, on_cpu=False)
+    with pytest.raises(VllmSettingsError, match="dtype: float16 is not supported by vLLM's CPU build"):
+        resolve_settings(VllmEngineConfig(dtype="float16"), config, on_cpu=True)
+    for field_name, value in (("kv_cache_gib", 0), ("tensor_parallel_size", 0), ("dtype", "fp8")):
+        with pytest.raises(ValueError, match=field_name):
+            VllmEngineConfig(**{field_name: value})
 
 
 def test_generate_maps_sampling_and_outputs(engine: tuple[VLLMEngine, FakeLLM]) -> None:
@@ -142,32 +189,51 @@ def test_weight_reload_checks_then_reloads_every_worker(
     update = eng.load_checkpoint(tiny_checkpoints["perturbed1"])
     assert update.version == 1 and eng.version == 1
     assert llm.calls == [
-        ("collective_rpc", ("cascade_load_checkpoint", (str(tiny_checkpoints["perturbed1"]),))),
+        ("collective_rpc", ("cascade_reload", (str(tiny_checkpoints["perturbed1"]),))),
         ("reset_prefix_cache", None),
     ]
-    eng.load_tensors(read_checkpoint(tiny_checkpoints["perturbed2"]), version=9)
-    assert llm.calls[-2][1][0] == "cascade_load_tensors" and eng.version == 9
+    streamed = read_checkpoint(tiny_checkpoints["perturbed2"])
+    eng.load_tensors(streamed, version=9)
+    method, (path,) = llm.calls[-2][1]
+    assert method == "cascade_reload" and path.endswith(".safetensors") and eng.version == 9
+    assert not Path(path).exists()  # the shared-memory file is gone after the reload
+    assert set(llm.reloaded[-1]) == set(streamed)
+    assert all(bool((llm.reloaded[-1][k] == t).all()) for k, t in streamed.items())
     assert eng.generate([[1]], 1, SamplingSettings(max_tokens=2)).version == 9
 
 
-def test_worker_extension_loads_through_the_model(tiny_checkpoints: dict[str, Path]) -> None:
-    """What each vLLM worker runs: HF-named tensors handed to the model's `load_weights`."""
+def test_worker_extension_reloads_then_refreshes_a_tied_head(tiny_checkpoints: dict[str, Path]) -> None:
+    """What each vLLM worker runs: vLLM's reload_weights over the checkpoint's tensors, then the
+    tied head's post-processing again (its packed copy of the embedding is stale otherwise)."""
     import torch
 
     got: dict[str, torch.Tensor] = {}
+    processed: list[Any] = []
+
+    class Head(torch.nn.Module):
+        def __init__(self, weight: torch.nn.Parameter) -> None:
+            super().__init__()
+            self.weight = weight
+            self.quant_method = SimpleNamespace(process_weights_after_loading=processed.append)
 
     class Model(torch.nn.Module):
-        def __init__(self) -> None:
+        def __init__(self, tied: bool) -> None:
             super().__init__()
-            self.w = torch.nn.Parameter(torch.zeros(1))
+            self.model = SimpleNamespace(
+                embed_tokens=SimpleNamespace(weight=torch.nn.Parameter(torch.ones(2)))
+            )
+            embed = self.model.embed_tokens.weight
+            self.lm_head = Head(embed if tied else torch.nn.Parameter(torch.ones(2)))
 
-        def load_weights(self, weights: Any) -> None:
-            got.update(dict(weights))
-
-    worker = CascadeWeightLoader()
-    worker.model_runner = SimpleNamespace(model=Model())
-    n = worker.cascade_load_checkpoint(str(tiny_checkpoints["perturbed1"]))
-    assert n == len(got) > 0 and "model.embed_tokens.weight" in got
+    for tied in (True, False):
+        model = Model(tied)
+        worker = CascadeWeightLoader()
+        worker.model_runner = SimpleNamespace(get_model=lambda m=model: m)
+        worker.reload_weights = lambda weights_iterator, is_checkpoint_format: got.update(weights_iterator)
+        processed.clear()
+        n = worker.cascade_reload(str(tiny_checkpoints["perturbed1"]))
+        assert n == len(got) > 0 and "model.embed_tokens.weight" in got
+        assert processed == ([model.lm_head] if tied else [])
 
 
 def test_missing_vllm_is_a_clear_error() -> None:
@@ -175,15 +241,3 @@ def test_missing_vllm_is_a_clear_error() -> None:
         pytest.skip("vLLM is installed here")
     with pytest.raises(EngineUnavailableError, match="needs the `vllm` package"):
         import_vllm()
-
-
-@pytest.mark.skipif(
-    not vllm_available(), reason="vLLM is not installed (no GPU build on these machines): untested here"
-)
-def test_real_vllm_generates_and_reloads(tiny_checkpoints: dict[str, Path]) -> None:  # pragma: no cover
-    eng = VLLMEngine(tiny_checkpoints["base"], dtype="float32", gpu_memory_utilization=0.3)
-    sampling = SamplingSettings(max_tokens=8, seed=0)
-    before = eng.generate([[1, 2, 3]], 4, sampling)
-    assert eng.load_checkpoint(tiny_checkpoints["perturbed1"]).version == 1
-    after = eng.generate([[1, 2, 3]], 4, sampling)
-    assert after.version == 1 and after.generation.logprobs != before.generation.logprobs
