@@ -154,7 +154,8 @@ class SweReward(StrictModel):
 
     @model_validator(mode="after")
     def _fields_of_other_modes(self) -> SweReward:
-        if self.mode != "similarity" and "semantic_weight" in self.model_fields_set:
+        # By value, not by `model_fields_set`: a full `model_dump()` of a valid config must load.
+        if self.mode != "similarity" and self.semantic_weight != 0.5:
             raise ValueError(f"semantic_weight is read only by mode 'similarity' (mode is {self.mode!r})")
         if self.mode == "similarity" and self.judge_model_path is not None:
             raise ValueError(

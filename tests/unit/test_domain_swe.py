@@ -385,6 +385,8 @@ def test_config_modes_and_weight() -> None:
     assert SweReward(mode="exact_or_judge", judge_model_path=Path("m")).heavy
     assert SweReward(mode="similarity", semantic_weight=0.3).semantic_weight == 0.3
     assert "KNOWN TO BE GAMEABLE" in (SweReward.__doc__ or "")
+    for config in (SweReward(), SweReward(mode="similarity", semantic_weight=0.2)):  # a full dump loads
+        assert SweReward.model_validate(config.model_dump()) == config
 
 
 # --------------------------------------------------------------------------- exact or judge
