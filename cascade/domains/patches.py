@@ -289,14 +289,19 @@ def lexical_similarity(pred: Patch, gold: Patch) -> float:
 
 def apply_file_patch(source: str, file_patch: FilePatch) -> str:
     """`source` with `file_patch` applied, exactly (no fuzz): each hunk's old lines (context and
-    removed) must appear in `source`, searched from the header's position outwards.
+    removed) must appear in `source`; of the places they do, the one nearest the header's
+    position wins (the earlier one on a tie). Hunks without a changed line change nothing and
+    are skipped unchecked.
 
     Raises PatchParseError when a hunk does not match. The result ends with a newline when it
-    has any line.
+    has any line. Time: per hunk, one C-level scan of the file for the hunk's first old line and
+    a comparison at each place it occurs (no per-line Python loop over the whole file).
     """
     lines = source.splitlines()
     offset = 0
     for hunk in file_patch.hunks:
+        if all(tag == " " for tag, _ in hunk.lines):
+            continue
         old = [text for tag, text in hunk.lines if tag != "+"]
         new = [text for tag, text in hunk.lines if tag != "-"]
         guess = max(hunk.old_start - 1 + offset, 0) if hunk.old_len else hunk.old_start + offset
@@ -309,9 +314,19 @@ def apply_file_patch(source: str, file_patch: FilePatch) -> str:
 
 
 def _find_block(lines: list[str], block: list[str], guess: int) -> int | None:
+    """Where `block` occurs in `lines` nearest `guess` (the earlier on a tie), or None."""
     n = len(block)
-    for distance in range(len(lines) + 1):
-        for at in (guess - distance, guess + distance) if distance else (guess,):
-            if 0 <= at <= len(lines) - n and lines[at : at + n] == block:
-                return at
-    return None
+    if n == 0:
+        return min(max(guess, 0), len(lines))
+    best: int | None = None
+    at = -1
+    last = len(lines) - n
+    if last < 0:
+        return None
+    while True:
+        try:
+            at = lines.index(block[0], at + 1, last + 1)
+        except ValueError:
+            return best
+        if lines[at : at + n] == block and (best is None or abs(at - guess) < abs(best - guess)):
+            best = at
