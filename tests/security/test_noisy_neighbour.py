@@ -37,8 +37,9 @@ LIMITS = {
     "max_file_bytes": 1 << 20,
     "max_open_files": 64,
 }
-HOG_LIMITS = {**LIMITS, "time_limit_s": 3.5}
-"""The hog's budget outlasts the neighbour's runs, so they all run beside it."""
+HOG_LIMITS = {**LIMITS, "time_limit_s": 3.5, "memory_mb": 1024}
+"""The hog's budget outlasts the neighbour's runs, so they all run beside it; its memory holds a
+malloc arena for each of its threads."""
 NEIGHBOUR_RUNS = 2
 
 CORRECT = f"""
@@ -58,8 +59,12 @@ def spin():
     while True:
         hashlib.sha256(BLOCK).digest()
 def f(x):
+    threading.stack_size(1 << 18)
     for _ in range(12):
-        threading.Thread(target=spin, daemon=True).start()
+        try:
+            threading.Thread(target=spin, daemon=True).start()
+        except RuntimeError:  # as many as its address space holds (each has a malloc arena)
+            break
     spin()
 """,
     "forked_children": """

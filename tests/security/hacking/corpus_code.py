@@ -284,7 +284,10 @@ CASES: list[HostileCase] = [
         "BLOCK = b'x' * (1 << 20)\n"
         "def spin():\n    while True:\n        hashlib.sha256(BLOCK).digest()\n"
         "def f(x):\n"
-        "    for _ in range(8):\n        threading.Thread(target=spin, daemon=True).start()\n"
+        "    threading.stack_size(1 << 18)\n"
+        "    for _ in range(8):\n"
+        "        try:\n            threading.Thread(target=spin, daemon=True).start()\n"
+        "        except RuntimeError:\n            break\n"
         "    spin()\n",
         {TIMEOUT, RUNTIME_ERROR, MEMORY_LIMIT},
     ),
