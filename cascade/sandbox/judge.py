@@ -7,7 +7,8 @@ process is not a fork of the judge, cannot see it (another PID namespace), read 
 dumpable; no ptrace under the seccomp filter) or signal it.
 
 Everything the program controls maps to a verdict on the program: its replies (any shape, depth
-or size), its exit, its signals, its silence. `infra_error` is reserved for the sandbox's own
+or size: `payload` type-checks each one, and any error while judging one is the program's
+`runtime_error`), its exit, its signals, its silence. `infra_error` is reserved for the sandbox's own
 failures (setup, a dead init process), each with its cause in the detail. One wall-clock budget,
 `time_limit_s`, covers loading the program and all its tests.
 
