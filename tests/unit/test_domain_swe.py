@@ -805,3 +805,17 @@ def test_splits_are_disjoint_and_deterministic() -> None:
 def test_score_batch_checks_lengths() -> None:
     with pytest.raises(ValueError, match="1 problems but 2 completions"):
         SweDomain().score_batch([problem()], [GOLD, GOLD])
+
+
+def test_reward_service_runs_swe_only_in_bubblewrap() -> None:
+    from cascade_proto.v1 import reward_pb2 as pb
+    from services.reward.requests import BadRequest, parse_request
+
+    def request(reward: str) -> pb.ScoreRequest:
+        item = pb.Item(problem=pb.Problem(id="p", prompt="q", answer=GOLD), completion=GOLD)
+        return pb.ScoreRequest(domain="swe", reward_config_json=reward, items=[item])
+
+    with pytest.raises(BadRequest, match="'process' is not a sandbox"):
+        parse_request(request('{"sandbox": "process"}'), max_items=8)
+    batch = parse_request(request('{"sandbox": "auto"}'), max_items=8)
+    assert isinstance(batch.domain.reward, SweReward) and batch.domain.reward.sandbox == "bwrap"
