@@ -24,6 +24,11 @@ file is written) and answers one check per sandbox test through its entry point.
 never enter the program's process: the sandbox's judge holds them. So a patch that exits early
 (`sys.exit`, `os._exit`), crashes or loops fails; one that rewrites the driver can only change
 the answers it sends, which pass a value check only if they are the fixed code's values.
+A test-id check is weaker: its expected answer is the constant `passed`, and the test's
+assertions run in the process the patched code shares, so a patch built to subvert them (an
+object whose `__eq__` always holds, or one that rewrites the driver's globals at import) can
+pass it. The synthetic problems use value checks only; data-set rows with test ids trust their
+tests as SWE-bench-style harnesses do.
 """
 
 from __future__ import annotations
