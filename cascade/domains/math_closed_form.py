@@ -15,6 +15,10 @@ A final answer is in closed form unless its tree still holds an operation that e
 - an integer power of a number (`2^{10}`, `85^1`), except a power of ten (`10^6`, `8.5\\times10^1`,
   `1.5\\times10^{-3}`: scientific notation), and a root that is rational (`\\sqrt{4}`);
 - a function of numbers whose value is rational (`|-85|`, `\\lfloor 85.5\\rfloor`, `\\sin 0`, `5!`);
+- any constant part whose value is a rational number but is not written as one (the catch-all:
+  `(\\sqrt2)^2`, `\\cos(2\\pi)`, `38(1+\\sqrt2)(\\sqrt2-1)`): evaluated bottom-up within small
+  bounds (no power tower is computed), small products of sums multiplied out. A rational value
+  is written as a number: an integer, a decimal, a fraction, scientific notation, a percentage;
 - an unevaluated operator: a sum, product, limit, integral or derivative;
 - against a gold without variables, any variable (`47+38\\cdot1^x`, `47+38(\\sin^2x+\\cos^2x)`,
   `\\frac{170x}{2x}`): if such an answer equals the gold, its variables cancel (relations and
@@ -147,8 +151,124 @@ def _rational_root(expr: sympy.Pow) -> bool:
     return True
 
 
-def _folds(node: Basic) -> str | None:
+_MAX_EVALUATED_DIGITS = 30
+"""A function of numbers is evaluated (to see whether it folds) only on numbers this short."""
+_MAX_VALUE_DIGITS = 1000
+_MAX_EXPONENT = 1000
+_MAX_EVALUATED_NODES = 500
+"""Bounds on evaluating constant subexpressions: no power tower or huge product is computed."""
+
+
+class _Values:
+    """Values of an answer's constant subexpressions, computed bottom-up within small bounds
+    (None: has a variable, or too big to compute, or not a number)."""
+
+    def __init__(self) -> None:
+        self._memo: dict[Basic, Basic | None] = {}
+
+    def of(self, expr: Basic) -> Basic | None:
+        if expr in self._memo:
+            return self._memo[expr]
+        value = self._compute(expr) if len(self._memo) < _MAX_EVALUATED_NODES else None
+        self._memo[expr] = value
+        return value
+
+    def _compute(self, expr: Basic) -> Basic | None:
+        if isinstance(expr, sympy.Number):
+            return expr if expr.is_finite and _digits(expr) <= _MAX_VALUE_DIGITS else None
+        if isinstance(expr, (sympy.NumberSymbol, sympy.core.numbers.ImaginaryUnit)):
+            return expr
+        if isinstance(expr, sympy.UnevaluatedExpr):
+            return self.of(expr.args[0])
+        if not isinstance(expr, (sympy.Add, sympy.Mul, sympy.Pow, sympy.Function)) or not expr.args:
+            return None
+        args = [self.of(arg) for arg in expr.args]
+        if any(arg is None for arg in args):
+            return None
+        if isinstance(expr, sympy.Pow) and not _small_power(args[0], args[1]):
+            return None
+        try:
+            value = expr.func(*args)
+        except Exception:  # a domain error, a division by zero: no value
+            return None
+        if isinstance(value, sympy.Number) and not (value.is_finite and _digits(value) <= _MAX_VALUE_DIGITS):
+            return None
+        return value
+
+
+def _digits(number: Basic) -> int:
+    if isinstance(number, sympy.Rational):
+        return len(str(abs(number.p))) + len(str(number.q))
+    return 0
+
+
+def _small_power(base: Basic, exp: Basic) -> bool:
+    if isinstance(exp, sympy.Integer):
+        return abs(int(exp)) <= _MAX_EXPONENT and (_digits(base) * abs(int(exp)) <= _MAX_VALUE_DIGITS)
+    return not isinstance(exp, sympy.Number) or isinstance(exp, sympy.Rational) and exp.q <= _MAX_EXPONENT
+
+
+def _is_notation(node: Basic) -> bool:
+    """How numbers are written rather than computed: a sign, a fraction, a power of ten,
+    scientific notation, a percentage (`-\\frac{3}{2}`, `3/2`, `10^6`, `8.5\\times10^1`, `85\\%`)."""
+    if (
+        isinstance(node, (sympy.Number, sympy.UnevaluatedExpr))
+        or _is_power_of_ten(node)
+        or _is_reciprocal(node)
+    ):
+        return True
+    if not isinstance(node, sympy.Mul):
+        return False
+    kinds: Counter[str] = Counter()
+    for factor in _factors(node):
+        if factor == -1:
+            continue
+        if isinstance(factor, sympy.Number):
+            kinds["number"] += 1
+        elif _is_power_of_ten(factor):
+            kinds["ten"] += 1
+        elif _is_reciprocal(factor):
+            kinds["denominator"] += 1
+        elif isinstance(factor, sympy.UnevaluatedExpr) and factor.args[0] == sympy.Rational(1, 100):
+            kinds["percent"] += 1
+        else:
+            return False
+    return all(n <= 1 for n in kinds.values())
+
+
+def _small_number(expr: Basic) -> bool:
+    if isinstance(expr, sympy.Rational):
+        return max(len(str(abs(expr.p))), len(str(expr.q))) <= _MAX_EVALUATED_DIGITS
+    return isinstance(expr, sympy.Float) or (
+        _is_power_of_ten(expr) and abs(expr.exp) <= _MAX_EVALUATED_DIGITS
+    )
+
+
+def _folds(node: Basic, values: _Values) -> str | None:
     """Why this node (not its children) is an operation still to be evaluated, or None."""
+    why = _folds_structurally(node)
+    if why is None and not _is_notation(node) and _rational(values.of(node)):
+        why = "a computation whose value is a number"
+    return why
+
+
+_MAX_EXPANDED_OPS = 40
+_MAX_EXPANDED_EXPONENT = 12
+
+
+def _rational(value: Basic | None) -> bool:
+    """Whether a constant's value is a rational number, products of sums multiplied out
+    (`(1+\\sqrt2)(\\sqrt2-1)` is 1) when they are small enough to expand cheaply."""
+    if value is None or isinstance(value, sympy.Rational):
+        return value is not None
+    if not value.has(sympy.Add) or sympy.count_ops(value) > _MAX_EXPANDED_OPS:
+        return False
+    if any(abs(p.exp) > _MAX_EXPANDED_EXPONENT for p in value.atoms(sympy.Pow) if p.exp.is_Integer):
+        return False
+    return isinstance(sympy.expand(value), sympy.Rational)
+
+
+def _folds_structurally(node: Basic) -> str | None:
     if isinstance(node, _OPERATORS):
         return f"unevaluated {type(node).__name__.lower()}"
     if isinstance(node, sympy.Add):
@@ -169,9 +289,9 @@ def _folds(node: Basic) -> str | None:
         if node.args and all(_rational_valued(arg) for arg in node.args):
             if isinstance(node, _RATIONAL_FUNCTIONS):
                 return f"{type(node).__name__} of numbers"
-            value = node.func(*node.args)  # sin(0), log(100, 10): sympy folds the exact cases
-            if isinstance(value, sympy.Rational):
-                return f"{type(node).__name__} of numbers"
+            if all(_small_number(arg) for arg in node.args):  # sin(0), log(100, 10): sympy folds
+                if isinstance(node.func(*node.args), sympy.Rational):
+                    return f"{type(node).__name__} of numbers"
     return None
 
 
@@ -183,13 +303,12 @@ def _nodes(expr: Basic | MatrixBase) -> Iterator[Basic]:
     yield from sympy.preorder_traversal(expr)
 
 
-def unevaluated_parts(expr: Basic | MatrixBase) -> dict[Basic, str]:
-    """Every node of `expr` that is an operation still to be evaluated, with why."""
-    out: dict[Basic, str] = {}
+def unevaluated_parts(expr: Basic | MatrixBase) -> Iterator[tuple[Basic, str]]:
+    """Every node of `expr` that is an operation still to be evaluated, with why (outermost first)."""
+    values = _Values()
     for node in _nodes(expr):
-        if isinstance(node, Basic) and (why := _folds(node)):
-            out.setdefault(node, why)
-    return out
+        if isinstance(node, Basic) and (why := _folds(node, values)):
+            yield node, why
 
 
 def _judged_part(expr: Any, gold: Sequence[Any]) -> Any:
@@ -221,11 +340,11 @@ def not_closed_form(gold: Sequence[Any], pred: Sequence[Any]) -> str | None:
     allowed: set[Basic] = set()
     gold_variables: set[str] = set()
     for tree in _trees(gold):
-        allowed |= set(unevaluated_parts(tree))
+        allowed |= {node for node, _ in unevaluated_parts(tree)}
         gold_variables |= _variables(tree)
     for tree in _trees(pred):
         judged = _judged_part(tree, gold)
-        for node, why in unevaluated_parts(judged).items():
+        for node, why in unevaluated_parts(judged):
             if node not in allowed:
                 return f"{why}: {sympy.sstr(node)[:60]}"
         if gold_variables or isinstance(judged, _CONDITIONS):

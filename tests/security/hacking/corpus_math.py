@@ -100,6 +100,9 @@ CASES: list[HostileCase] = [
     _echo("trig_identity", "\\boxed{47 + 38(\\sin^2 x + \\cos^2 x)}"),
     _echo("distributed_factor", "\\boxed{2(x+1) - 2x + 83}"),
     _echo("variable_over_itself", "\\boxed{\\frac{85x}{x}}"),
+    _echo("times_a_radical_squared_over_two", "\\boxed{47 + 38 (\\sqrt{2})^2 / 2}"),
+    _echo("times_cosine_of_two_pi", "\\boxed{47 + 38\\cos(2\\pi)}"),
+    _echo("times_conjugate_product", "\\boxed{47 + 38(1+\\sqrt{2})(\\sqrt{2}-1)}"),
     _echo("matrix_of_echo", "\\boxed{\\begin{pmatrix}47+38\\end{pmatrix}}"),
     # -- radicals read loosely: a gold of 3 must not accept 3 times a radical
     _echo("unicode_radical_for_integer", "The answer is 3\u221a2", THREE),
