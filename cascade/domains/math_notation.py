@@ -82,10 +82,11 @@ _THIN_SEPARATOR = re.compile(r"\\[,;: ]\s*|\{,\}")
 _TEXT_DOLLAR = re.compile(r"\\text(?:rm)?\s*\{\s*\\\$\s*\}")
 
 
-_LATEX_CANDIDATE = re.compile(r"(?<!\S)\S*?(?:\\[A-Za-z]|\^|_)\S*")
-"""A whole word holding a LaTeX command or a super/subscript."""
-_LATEX_WORD = re.compile(r"[-+*/=^_.,()\[\]{}\d]*[A-Za-z]?(?:\\[A-Za-z]+|\^|_)[-+*/=^_.,()\[\]{}\\A-Za-z\d]*")
-"""A word that is LaTeX: a command or a super/subscript, with math around it (`3\\sqrt{2}`)."""
+_LATEX_CANDIDATE = re.compile(r"(?<!\S)\S*?(?:\\[A-Za-z]|\^)\S*")
+"""A whole word holding a LaTeX command or a superscript (a subscript alone does not make a word
+LaTeX: `x_1`, `total_sum` are as often identifiers in prose as math)."""
+_LATEX_WORD = re.compile(r"[-+*/=^_.,()\[\]{}\d]*[A-Za-z]?(?:\\[A-Za-z]+|\^)[-+*/=^_.,()\[\]{}\\A-Za-z\d]*")
+"""A word that is LaTeX: a command or a superscript, with math around it (`3\\sqrt{2}`, `x^2`)."""
 _MATH_WORD = re.compile(r"[-+*/=]|-?\(?\d+(?:\.\d+)?\)?")
 """A word that joins a LaTeX run beside it: an operator or a number (`2 \\sqrt{3}`, `1 + \\pi`)."""
 _TRAILING = ".,;:!?"
@@ -98,10 +99,10 @@ def delimit_inline_math(response: str) -> str:
 
     math-verify extracts undelimited text as plain numbers and operators, so `the answer is
     3\\sqrt{2}` would be read as 3 (and pass against a gold of 3): delimited, the run is read as
-    the math it is. A run is a LaTeX word (with a command or `^`/`_`) and the numbers, operators
+    the math it is. A run is a LaTeX word (with a command or `^`) and the numbers, operators
     and LaTeX words next to it, up to the end of a sentence; trailing punctuation stays outside.
     """
-    if "\\" not in response and "^" not in response and "_" not in response:
+    if "\\" not in response and "^" not in response:
         return response
     candidates = [
         m for m in _LATEX_CANDIDATE.finditer(response) if _LATEX_WORD.fullmatch(m.group().rstrip(_TRAILING))

@@ -158,6 +158,7 @@ def test_notation_is_rewritten_as_math_verify_reads_it(text: str, rewritten: str
         ("a^2 + b^2 = c^2 so c = 5", "$a^2 + b^2 = c^2$ so c = 5"),
         ("= \\frac{1}{2} =", "= $\\frac{1}{2}$ ="),
         ("just 85, no LaTeX", "just 85, no LaTeX"),
+        ("x = 12, where x_1 is the first guess", "x = 12, where x_1 is the first guess"),
     ],
 )
 def test_undelimited_latex_is_delimited(response: str, delimited: str) -> None:
