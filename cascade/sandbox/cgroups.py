@@ -10,8 +10,11 @@ any other SIGKILL. Needs write access to the cgroup tree (root, or a delegated s
 A CPU quota (`cpu.max` on v2, `cpu.cfs_quota_us` on v1) bounds each worker to `cpus` CPUs'
 worth of time, however many threads, processes or sessions its program starts: without it,
 a program whose children spin takes the cores from the execution running on the other worker,
-and a correct program there times out (one completion costing another its reward). CFS
-schedules the worker's group as one entity, so the neighbour keeps its own share too.
+and a correct program there times out (one completion costing another its reward). At the
+root of the cpu hierarchy the kernel's autogroups make each new session a scheduling group of
+its own, so a dozen children in new sessions outweighed the neighbour twelve to one; inside a
+worker's group there are no autogroups, and CFS schedules the group as one entity, so the
+neighbour keeps its own share.
 `cpu_available()` says whether the bound can be enforced here; the preflight says so loudly
 when it cannot.
 """
