@@ -17,7 +17,6 @@ their own detector), so the language verdicts are deterministic.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -120,7 +119,6 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Any:
     import nltk
 
     nltk.data.path.insert(0, str(root))
-    os.environ.setdefault("NLTK_DATA", str(root))
     langdetect.DetectorFactory.seed = 0
     from lm_eval.tasks.ifeval import instructions_registry, utils
 
