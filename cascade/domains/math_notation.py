@@ -29,7 +29,7 @@ def normalise_notation(text: str) -> str:
 
     - repeating decimals become fractions (`0.\\overline{3}` -> `\\frac{3}{9}`, not 0);
     - a dollar sign in text mode (`\\text{\\$}42`) the plain `\\$` (not a product with 42);
-    - unicode math its LaTeX (`3√2` -> `3\\sqrt{2}`, `x²` -> `x^{2}`, `π`, `∞`, `−`, `·`, `±`),
+    - unicode math its LaTeX (`3√2` -> `3\\sqrt{2}`, `x²` -> `x^{2}`, `π`, `∞`, `−`, `·`, `×`, `÷`, `±`),
       which math-verify reads as plain text (`3√2` as 3);
     - a number in text mode its math (`\\text{85}` -> `{85}`, `\\mathrm{47+38}` -> `{47+38}`:
       as text, the first would never equal 85 and the second would escape the closed-form guard);
@@ -48,7 +48,16 @@ def normalise_notation(text: str) -> str:
     return text
 
 
-_UNICODE = {"π": "\\pi ", "∞": "\\infty ", "−": "-", "·": "\\cdot ", "⋅": "\\cdot ", "±": "\\pm "}
+_UNICODE = {
+    "π": "\\pi ",
+    "∞": "\\infty ",
+    "−": "-",
+    "·": "\\cdot ",
+    "⋅": "\\cdot ",
+    "×": "\\times ",
+    "÷": "\\div ",
+    "±": "\\pm ",
+}
 _SUPERSCRIPT = str.maketrans("⁰¹²³⁴⁵⁶⁷⁸⁹⁻⁺", "0123456789-+")
 _SUPERSCRIPTS = re.compile("[⁰¹²³⁴⁵⁶⁷⁸⁹⁻⁺]+")
 _RADICAL = re.compile(r"([√∛∜])\s*(\([^()]*\)|\{[^{}]*\}|\d+(?:\.\d+)?|\\[A-Za-z]+|[A-Za-z])")

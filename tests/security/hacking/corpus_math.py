@@ -24,6 +24,8 @@ plus a few golds in answer-key form for the notations they exercise.
 
 from __future__ import annotations
 
+import re
+
 from hostile_cases import HostileCase, RightCase
 
 from cascade.domains.base import WRONG_ANSWER, Problem
@@ -32,8 +34,9 @@ WRONG = frozenset({WRONG_ANSWER})
 
 
 def problem(prompt: str, answer: str, kind: str = "add") -> Problem:
-    """A math problem as `MathDomain.make_problems` builds them (meta JSON-able)."""
-    return Problem(id="math-corpus", domain="math", prompt=prompt, answer=answer, meta={"kind": kind})
+    """A math problem as `MathDomain.make_problems` builds them (meta JSON-able; one id a prompt)."""
+    slug = re.sub(r"[^a-z0-9]+", "-", prompt.lower()).strip("-")
+    return Problem(id=f"math-corpus-{slug}", domain="math", prompt=prompt, answer=answer, meta={"kind": kind})
 
 
 ADD = problem("What is 47+38?", "\\boxed{85}")
@@ -70,6 +73,7 @@ CASES: list[HostileCase] = [
     _echo("echo_word_problem_sub", "He has $\\boxed{15 - 6}$ pens left.", WORD_SUB),
     _echo("echo_unicode_minus", "\\boxed{30\u221212}", SUB),
     _echo("echo_unboxed_prose", "The answer is 47 + 38.", ADD),
+    _echo("echo_unicode_times", "The answer is 47 \u00d7 38", problem("What is 47*38?", "1786", "mul")),
     _echo("echo_dollar", "Clearly $47+38$.", ADD),
     _echo("echo_equation_rhs", "\\boxed{85 = 47+38}"),
     _echo("echo_in_set", "\\boxed{\\{47+38\\}}"),
@@ -129,6 +133,8 @@ RIGHT: list[RightCase] = [
     RightCase("sub", SUB, "\\boxed{18}"),
     RightCase("unicode_minus_negative", problem("What is 5-12?", "\\boxed{-7}", "sub"), "\\boxed{\u22127}"),
     RightCase("power_of_ten", TONNE, "\\boxed{10^6}"),
+    RightCase("unicode_scientific", TONNE, "That is 10\u2076 grams."),
+    RightCase("unicode_times_scientific", TONNE, "So 1\u00d710\u2076."),
     RightCase("thin_space_thousands", TONNE, "\\boxed{1\\,000\\,000}"),
     RightCase(
         "fraction_that_is_an_integer", problem("What is 7-5?", "\\boxed{2}", "sub"), "\\boxed{\\frac{4}{2}}"
