@@ -84,6 +84,9 @@ class CodeReward(StrictModel):
     """Longer final responses (after the reasoning block) get `output_limit` and the lowest
     reward without being read (`cascade.domains.length_bound`)."""
     mode: Literal["all_pass", "pass_fraction"] = "all_pass"
+    """`all_pass`: 1 only when every test passes. `pass_fraction`: the tests the prompt shows
+    (a problem's first `n_shown`) must all pass but are not paid; the reward is the share of
+    hidden tests passed (a lookup table of the shown examples earns 0)."""
     time_limit_s: float = Field(2.0, gt=0)
     """One wall-clock budget per program: loading it and running all its tests."""
     memory_mb: int = Field(256, ge=16)
