@@ -252,8 +252,8 @@ def _folds(node: Basic, values: _Values) -> str | None:
     return why
 
 
-_MAX_EXPANDED_OPS = 40
-_MAX_EXPANDED_EXPONENT = 12
+_MAX_EXPANDED_OPS = 30
+_MAX_EXPANDED_EXPONENT = 4
 
 
 def _rational(value: Basic | None) -> bool:
