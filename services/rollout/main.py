@@ -95,6 +95,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         except ValidationError as err:
             first = err.errors()[0]
             p.error(f"--{str(first['loc'][0]).replace('_', '-')}: {first['msg']}")
+        from cascade.engine.vllm import VllmSettingsError, resolve_settings
+        from cascade.engine.weights import read_config
+
+        try:  # what the model's config decides (the platform's own checks come at engine start)
+            resolve_settings(args.vllm_settings, read_config(args.model) or {}, on_cpu=False)
+        except VllmSettingsError as err:
+            field, _, why = str(err).partition(": ")
+            p.error(f"--{field.replace('_', '-')}: {why}")
     return args
 
 

@@ -241,3 +241,26 @@ def test_missing_vllm_is_a_clear_error() -> None:
         pytest.skip("vLLM is installed here")
     with pytest.raises(EngineUnavailableError, match="needs the `vllm` package"):
         import_vllm()
+
+
+def test_rollout_cli_vllm_settings_and_their_errors(random_tiny_model: Path, capsys: Any) -> None:
+    """`cascade-rollout --engine vllm` builds its VllmEngineConfig from flags and refuses bad ones
+    at once, naming the flag (before vLLM is imported)."""
+    from services.rollout.main import parse_args
+
+    model = ["--model", str(random_tiny_model), "--engine", "vllm"]
+    args = parse_args([*model, "--kv-cache-gib", "0.5", "--no-enforce-eager", "--max-model-len", "128"])
+    assert args.vllm_settings == VllmEngineConfig(kv_cache_gib=0.5, enforce_eager=False, max_model_len=128)
+    assert parse_args(model).vllm_settings == VllmEngineConfig()  # platform defaults at start
+    for flags, message in (
+        (
+            ["--max-model-len", "999"],
+            "--max-model-len: 999 is over the model's max_position_embeddings (256)",
+        ),
+        (["--tensor-parallel-size", "3"], "--tensor-parallel-size: 3 does not divide"),
+        (["--kv-cache-gib", "0"], "--kv-cache-gib: Input should be greater than 0"),
+        (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization: Input should be less than"),
+    ):
+        with pytest.raises(SystemExit):
+            parse_args([*model, *flags])
+        assert message in capsys.readouterr().err
