@@ -384,6 +384,7 @@ class MathDomain:
                     initializer=_warm_worker,
                     start_timeout_s=self.worker_start_timeout_s,
                     name="cascade-math",
+                    preload=("cascade.domains.math", "math_verify"),
                 )
                 if self._finalizer is not None:
                     self._finalizer.detach()

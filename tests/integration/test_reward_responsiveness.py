@@ -2,12 +2,14 @@
 
 A real front (`python -m services.reward.main`, two local scoring processes) as a subprocess.
 While one client has it score, for each light domain, completions built to keep its verifier
-busy (math: a power whose big-integer evaluation holds the GIL for seconds, and a fraction
-nested 500 deep; if and swe: responses just under the length bound, shaped for the rule and
-patch-extraction regexes; and a million-character one each, over the bound), a health check
-must answer within 1 s each time, and a second client's two easy math items must come back
-right within their 20 s deadline. A client whose deadline passes gets its verdicts, the
-unscored ones `infra_error` saying so, before its deadline, and the metrics count them.
+busy (math: six items that each run to the math timeout, a power whose big-integer
+evaluation holds the GIL for seconds and five fractions nested 500 deep; if and swe: responses
+just under the length bound, shaped for the rule and patch-extraction regexes; and a
+million-character one each, over the bound), a health check must answer within 1 s each
+time, and a second client's two easy math items must come back right within their 20 s
+deadline (behind one math worker, first come first served, they waited for all six). A
+client whose deadline passes gets its verdicts, the unscored ones `infra_error` saying so,
+before its deadline, and the metrics count them.
 
 The domains the Celery workers score (code, rlhf, swe in execution mode) never run in the
 front; their worst cases are in tests/security/hacking (through the service too).
@@ -50,13 +52,9 @@ def _problem(domain: str) -> Problem:
 def _worst(domain: str) -> list[str]:
     """Completions built to keep `domain`'s verifier busy (distinct, so no cache helps)."""
     over_long = "x" * 1_000_000
-    if domain == "math":
-        return [
-            "\\boxed{10^{10^{8}}}",
-            "The answer is \\boxed{10^{10^{8}} + 1}",
-            "\\boxed{" + "\\frac{1}{" * 500 + "1" + "}" * 500 + "}",
-            over_long,
-        ]
+    if domain == "math":  # six slow items, as in the issue, then the over-long one
+        nested = ["\\boxed{" + "\\frac{1}{" * 500 + str(i) + "}" * 500 + "}" for i in range(1, 6)]
+        return ["The answer is \\boxed{10^{10^{8}} + 1}", *nested, over_long]
     if domain == "if":
         return [
             ("word " * 6_399)[:31_990],
@@ -158,10 +156,10 @@ def test_health_and_a_second_client_are_served_while_the_worst_is_scored(front: 
     assert not errors, errors
     for domain, response in replies.items():
         verdicts = response.verdicts
-        assert len(verdicts) == 4
+        assert len(verdicts) == len(_worst(domain))
         for v in verdicts:  # fair verdicts on the completions: none paid, none the service's fault
             assert v.reason != "infra_error" and v.reward <= FAIR_FLOOR[domain] + 1e-9, (domain, v)
-        assert verdicts[3].reason == "output_limit" and "response too long" in verdicts[3].detail
+        assert verdicts[-1].reason == "output_limit" and "response too long" in verdicts[-1].detail
     assert _metric(front, "cascade_reward_over_long_items_total", domain="math") >= 1
 
 
