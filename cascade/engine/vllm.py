@@ -19,7 +19,8 @@ the CUDA build. vLLM is imported only when an engine is built.
   serving; then every worker reloads them in place through vLLM's layerwise reload
   (`vllm_worker.CascadeWeightLoader`), and the prefix cache, which holds keys/values of the old
   weights, is reset. Checkpoints go to the workers by path; streamed tensors are written to
-  one safetensors file in shared memory (`/dev/shm`) whose path the workers read, since tensors
+  one safetensors file in shared memory (`/dev/shm`, or the temp dir when it is too small) whose
+  path the workers read, since tensors
   in `collective_rpc` arguments do not pickle in vLLM's multi-process mode. `LLM` is not
   thread-safe, so `generate` and updates share one lock: an update waits for the call in
   flight, which finishes on the old weights and reports the old version (in place means no
@@ -205,7 +206,7 @@ class VLLMEngine:
     def load_tensors(self, tensors: Mapping[str, torch.Tensor], version: int | None = None) -> WeightUpdate:
         start = time.perf_counter()
         nbytes = check_tensors(self._specs, tensors, "streamed weights")
-        folder = tempfile.mkdtemp(prefix="cascade-weights-", dir=_shared_memory_dir())
+        folder = tempfile.mkdtemp(prefix="cascade-weights-", dir=staging_dir(nbytes))
         try:
             file = os.path.join(folder, "model.safetensors")
             save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, file)
@@ -229,9 +230,13 @@ class VLLMEngine:
             core.shutdown()
 
 
-def _shared_memory_dir() -> str | None:
-    """/dev/shm where there is one (a RAM file: no disk write), else the default temp dir."""
-    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+def staging_dir(nbytes: int, shm: str = "/dev/shm") -> str | None:
+    """Where streamed weights are staged for the workers: shared memory (a RAM file, no disk
+    write) when it is writable and has room for them with a margin (a container's /dev/shm is
+    often 64 MiB), else the default temp dir (None)."""
+    if not (os.path.isdir(shm) and os.access(shm, os.W_OK)):
+        return None
+    return shm if shutil.disk_usage(shm).free > nbytes + nbytes // 8 + 2**20 else None
 
 
 def _generation_eos(model_dir: Path) -> list[int]:

@@ -22,6 +22,7 @@ from cascade.engine.vllm import (
     VllmSettingsError,
     import_vllm,
     resolve_settings,
+    staging_dir,
     vllm_available,
 )
 from cascade.engine.vllm_worker import CascadeWeightLoader
@@ -264,3 +265,12 @@ def test_rollout_cli_vllm_settings_and_their_errors(random_tiny_model: Path, cap
         with pytest.raises(SystemExit):
             parse_args([*model, *flags])
         assert message in capsys.readouterr().err
+
+
+def test_streamed_weights_stage_in_shared_memory_only_when_it_has_room(tmp_path: Path) -> None:
+    import shutil
+
+    free = shutil.disk_usage(tmp_path).free
+    assert staging_dir(1000, shm=str(tmp_path)) == str(tmp_path)
+    assert staging_dir(free, shm=str(tmp_path)) is None  # no room: the default temp dir
+    assert staging_dir(1000, shm=str(tmp_path / "absent")) is None
