@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,7 +29,7 @@ from cascade.engine.batch import build_batch
 from cascade.engine.logprobs import completion_logprobs
 from cascade.model.chat import encode_messages
 from cascade.model.loading import load_policy
-from cascade.transport.rollout_client import RolloutClient
+from cascade.transport.rollout_client import RolloutClient, from_response, generate_request
 
 pytestmark = [pytest.mark.timeout(1200), pytest.mark.usefixtures("torch_one_thread")]
 
@@ -146,3 +147,32 @@ def test_updates_by_path_and_stream_then_refusals(
     metrics = service.metrics()
     assert re.search(r'cascade_rollout_weight_update_bytes_total\{source="stream"\} [1-9]', metrics)
     assert re.search(r'cascade_rollout_weight_updates_refused_total\{source="checkpoint"\} 2', metrics)
+
+
+def test_a_request_in_flight_during_an_update_names_the_weights_it_ran_on(
+    service: VllmService, client: RolloutClient, tiny_checkpoints: dict[str, Path]
+) -> None:
+    """vLLM updates in place, so an update waits for the call in flight (the drain strategy):
+    whichever way the race goes, the reply's version is that of the weights its log-probs come from."""
+    old = client.update_weights(str(tiny_checkpoints["base"]))
+    long = generate_request(
+        [[1, 2, 3]], group_size=8, sampling=SamplingSettings(max_tokens=200, seed=5), thinking=False
+    )
+    future = client.stub.Generate.future(long, timeout=300)
+    deadline = time.monotonic() + 60
+    while not _in_flight(service) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    new = client.update_weights(str(tiny_checkpoints["perturbed1"]))
+    reply = from_response(future.result(), 8)
+    assert new.version == old.version + 1 and reply.result.version in (old.version, new.version)
+    drained = reply.result.version == old.version
+    print(f"request in flight finished on the {'old' if drained else 'new'} weights")
+    ran_on = tiny_checkpoints["base" if drained else "perturbed1"]
+    assert_learner_equal(ran_on, reply, 1.0)
+    after = client.generate([[1, 2, 3]], group_size=1, sampling=SAMPLING)
+    assert after.result.version == new.version
+
+
+def _in_flight(service: VllmService) -> bool:
+    m = re.search(r'cascade_rollout_in_flight_requests\{method="Generate"\} ([0-9.]+)', service.metrics())
+    return bool(m and float(m.group(1)) >= 1)
