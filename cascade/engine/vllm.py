@@ -19,12 +19,13 @@ the CUDA build. vLLM is imported only when an engine is built.
   serving; then every worker reloads them in place through vLLM's layerwise reload
   (`vllm_worker.CascadeWeightLoader`), and the prefix cache, which holds keys/values of the old
   weights, is reset. Checkpoints go to the workers by path; streamed tensors are written to
-  one safetensors file in shared memory (`/dev/shm`, or the temp dir when it is too small) whose
-  path the workers read, since tensors
-  in `collective_rpc` arguments do not pickle in vLLM's multi-process mode. `LLM` is not
-  thread-safe, so `generate` and updates share one lock: an update waits for the call in
-  flight, which finishes on the old weights and reports the old version (in place means no
-  second copy).
+  one safetensors file in shared memory (`/dev/shm`, or the temp dir when it is too small)
+  whose path the workers read, since tensors in `collective_rpc` arguments do not pickle in
+  vLLM's multi-process mode (workers on other hosts would need that file on shared storage).
+  `LLM` is not thread-safe, so `generate` and updates share one lock: an update waits for the
+  call in flight, which finishes on the old weights and reports the old version (in place
+  means no second copy). The HF engine's and the learner's log-probs are over the full
+  vocabulary whatever top_p is.
 """
 
 from __future__ import annotations
