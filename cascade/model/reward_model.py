@@ -1,20 +1,23 @@
 """A tiny reward model for the toy "rlhf" domain, built locally from nothing.
 
-The preference data is synthetic and deterministic in the seed: a prompt asks for a polite
-reply to a request (`Reply politely to: please open the door`); the chosen response is
-polite, on-topic and concise (`Of course! I will open the door for you. Have a nice day.`),
-and each prompt carries three rejected responses: rude, off-topic (polite but about
-something else) and rambling (fillers and digressions around the request).
+The preference data (`rlhf_preferences`) is synthetic and deterministic in the seed: each
+prompt asks for a polite reply to a request, the chosen response is the polite, on-request,
+concise reply, and each prompt carries one rejected response per kind: bad replies (rude,
+off-topic, rambling) and the hacks a policy finds once the polite frame alone is paid
+(another request's reply, padding, repetition, closers only, the prompt echoed, reasoning
+with no reply, junk after the reply, the reply cut off, ...).
 
 `build_tiny_reward_model` trains a byte-level tokenizer (or reuses one), a small
 `Qwen3ForSequenceClassification` with one output (the scalar reward, read at the last
 non-pad token), fits it with the Bradley-Terry loss `-log sigmoid(r_chosen - r_rejected)` on
-the "train" split and reports pairwise accuracy on the held-out "eval" split.
+the "train" split and reports pairwise accuracy, overall and per rejected kind, on the
+held-out "eval" split (disjoint prompts).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -30,65 +33,25 @@ from transformers import (
     Qwen3ForSequenceClassification,
 )
 
-from cascade.domains.base import Problem
-from cascade.domains.common import Candidate, generate_problems
+from cascade.model.rlhf_preferences import (
+    REJECTED_KINDS,
+    PreferencePair,
+    make_rlhf_problems,
+    preference_pairs,
+)
 from cascade.model.tokenizer import train_tokenizer
 
-RLHF_DOMAIN = "rlhf"
-
-_VERBS = (
-    "open", "close", "clean", "fix", "find", "bring", "check", "paint",
-    "move", "fold", "carry", "lock",
-)  # fmt: skip
-_OBJECTS = (
-    "the door", "the window", "my desk", "the report", "the lamp", "a chair", "the garden",
-    "my bike", "the map", "the box", "the car", "my coat", "the shelf", "the gate",
-    "the letter", "the kettle",
-)  # fmt: skip
-_TEMPLATES = ("please {req}", "can you {req}?", "{req} now")
-_OPENERS = ("Of course!", "Certainly.", "Sure, happy to help.", "Gladly.")
-_CLOSERS = ("Have a nice day.", "Thank you for asking.", "Glad to help.", "Take care.")
-_RUDE_OPENERS = ("No way.", "Ugh, whatever.", "Stop bothering me.", "Not my problem.")
-_RUDE_CLOSERS = ("Go away.", "Leave me alone.", "How annoying.", "Figure it out, idiot.")
-_FACTS = (
-    "the moon is very far away",
-    "cats sleep most of the day",
-    "bananas are rich in potassium",
-    "the sea looks blue on sunny days",
-    "trains were once pulled by steam engines",
-    "honey never really spoils",
-    "owls can turn their heads a long way",
-    "snow is made of tiny ice crystals",
-)
-REJECTED_KINDS = ("rude", "off_topic", "rambling")
-
-
-def draw_rlhf_problem(rng: random.Random) -> Candidate:
-    """One prompt with a chosen response (the answer) and one rejected response per kind."""
-    req = f"{rng.choice(_VERBS)} {rng.choice(_OBJECTS)}"
-    prompt = "Reply politely to: " + rng.choice(_TEMPLATES).format(req=req)
-    chosen = f"{rng.choice(_OPENERS)} I will {req} for you. {rng.choice(_CLOSERS)}"
-    fact_a, fact_b = rng.sample(_FACTS, 2)
-    rejected = {
-        "rude": f"{rng.choice(_RUDE_OPENERS)} {req.capitalize()} yourself. {rng.choice(_RUDE_CLOSERS)}",
-        "off_topic": f"{rng.choice(_OPENERS)} Did you know that {fact_a}? Also, {fact_b}.",
-        "rambling": (
-            f"{rng.choice(_OPENERS)} Um, well, so, you know, I guess I could maybe {req}, but first "
-            f"let me tell you that {fact_a}, and also {fact_b}, and basically, anyway, who knows, "
-            f"it is a long story, um, where was I."
-        ),
-    }
-    meta: dict[str, Any] = {"rejected": [rejected[k] for k in REJECTED_KINDS], "kinds": list(REJECTED_KINDS)}
-    return prompt, chosen, meta
-
-
-def make_rlhf_problems(split: str, n: int, seed: int) -> list[Problem]:
-    """`n` deterministic "rlhf" problems; splits are disjoint by `sha256(prompt) % 8` (see `common`).
-
-    `answer` is the chosen response; `meta["rejected"]` holds the rejected ones (kinds in
-    `meta["kinds"]`). The prompt space holds 576 prompts (about 72 of them in "eval").
-    """
-    return generate_problems(RLHF_DOMAIN, split, n, seed, draw_rlhf_problem)
+__all__ = [
+    "REJECTED_KINDS",
+    "build_tiny_reward_model",
+    "format_rm_input",
+    "make_rlhf_problems",
+    "pairwise_accuracy",
+    "pairwise_margins",
+    "preference_pairs",
+    "report_by_kind",
+    "rewards_of",
+]
 
 
 def format_rm_input(tokenizer: PreTrainedTokenizerBase, prompt: str, response: str) -> str:
@@ -99,11 +62,6 @@ def format_rm_input(tokenizer: PreTrainedTokenizerBase, prompt: str, response: s
         if isinstance(text, str):
             return text
     return f"{prompt}\n{response}"
-
-
-def preference_pairs(problems: Sequence[Problem]) -> list[tuple[str, str, str]]:
-    """(prompt, chosen, rejected) for every rejected response of every problem."""
-    return [(p.prompt, p.answer, r) for p in problems for r in p.meta.get("rejected", [])]
 
 
 def _encode(tokenizer: PreTrainedTokenizerBase, texts: list[str], max_length: int) -> dict[str, torch.Tensor]:
@@ -118,65 +76,139 @@ def _encode(tokenizer: PreTrainedTokenizerBase, texts: list[str], max_length: in
     return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
 
 
+def rewards_of(
+    model: Qwen3ForSequenceClassification,
+    tokenizer: PreTrainedTokenizerBase,
+    texts: Sequence[str],
+    max_length: int = 256,
+    bucket_size: int = 16,
+) -> torch.Tensor:
+    """Rewards of rendered texts, in order; forwarded in buckets of similar length.
+
+    Sorting by length before batching spares most of the padding a mixed batch pays (a
+    rambling reply is three times a polite one), and right padding leaves the rewards as they
+    are; autograd flows through when the caller wants it (training).
+    """
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+    parts = []
+    for start in range(0, len(order), bucket_size):
+        chunk = [texts[i] for i in order[start : start + bucket_size]]
+        parts.append(model(**_encode(tokenizer, chunk, max_length)).logits[:, 0])
+    if not parts:
+        return torch.zeros(0)
+    sorted_rewards = torch.cat(parts)
+    inverse = torch.empty(len(order), dtype=torch.long)
+    inverse[torch.tensor(order, dtype=torch.long)] = torch.arange(len(order))
+    return sorted_rewards.index_select(0, inverse)
+
+
 @torch.no_grad()
+def pairwise_margins(
+    model: Qwen3ForSequenceClassification,
+    tokenizer: PreTrainedTokenizerBase,
+    pairs: Sequence[PreferencePair],
+    max_length: int = 256,
+) -> list[float]:
+    """Per pair: reward of the chosen response minus reward of the rejected one.
+
+    Each distinct text is scored once (a prompt's chosen response recurs in every pair).
+    """
+    chosen = [format_rm_input(tokenizer, p.prompt, p.chosen) for p in pairs]
+    rejected = [format_rm_input(tokenizer, p.prompt, p.rejected) for p in pairs]
+    unique = list(dict.fromkeys(chosen + rejected))
+    was_training = model.training
+    model.eval()
+    scores = rewards_of(model, tokenizer, unique, max_length=max_length, bucket_size=64).tolist()
+    model.train(was_training)
+    reward = dict(zip(unique, scores, strict=True))
+    return [reward[c] - reward[r] for c, r in zip(chosen, rejected, strict=True)]
+
+
 def pairwise_accuracy(
     model: Qwen3ForSequenceClassification,
     tokenizer: PreTrainedTokenizerBase,
-    pairs: Sequence[tuple[str, str, str]],
-    batch_size: int = 64,
+    pairs: Sequence[PreferencePair],
     max_length: int = 256,
 ) -> float:
     """Share of pairs whose chosen response gets a strictly higher reward than the rejected one."""
-    if not pairs:
-        return 0.0
-    was_training = model.training
-    model.eval()
-    wins = 0
-    for start in range(0, len(pairs), batch_size):
-        chunk = pairs[start : start + batch_size]
-        texts = [format_rm_input(tokenizer, p, c) for p, c, _ in chunk]
-        texts += [format_rm_input(tokenizer, p, r) for p, _, r in chunk]
-        rewards = model(**_encode(tokenizer, texts, max_length)).logits[:, 0]
-        k = len(chunk)
-        wins += int((rewards[:k] > rewards[k:]).sum())
-    model.train(was_training)
-    return wins / len(pairs)
+    margins = pairwise_margins(model, tokenizer, pairs, max_length=max_length)
+    return sum(m > 0 for m in margins) / len(margins) if margins else 0.0
+
+
+def report_by_kind(pairs: Sequence[PreferencePair], margins: Sequence[float]) -> dict[str, dict[str, float]]:
+    """Per rejected kind (in order of first appearance): how surely the chosen response wins.
+
+    `accuracy`: share of pairs the chosen response wins strictly. `rejected_win_probability`:
+    mean Bradley-Terry probability that the rejected response beats the chosen one,
+    `sigmoid(r_rejected - r_chosen)`, which is the reward the rlhf domain pays the rejected
+    response with `baseline: reference` (the chosen response is the reference; it gets 0.5).
+    A hack that wins no pair but sits just below the reference still earns about 0.5: this is
+    the figure that says whether it costs anything.
+    """
+    by_kind: dict[str, list[float]] = {}
+    for pair, margin in zip(pairs, margins, strict=True):
+        by_kind.setdefault(pair.kind, []).append(margin)
+    return {
+        kind: {
+            "accuracy": sum(m > 0 for m in ms) / len(ms),
+            "rejected_win_probability": sum(1.0 / (1.0 + math.exp(min(m, 60.0))) for m in ms) / len(ms),
+        }
+        for kind, ms in by_kind.items()
+    }
+
+
+def _lr_factor(step: int, steps: int, warmup: int) -> float:
+    """Linear warmup, then linear decay to a tenth of the peak at the last step."""
+    if step <= warmup:
+        return step / warmup
+    return 1.0 - 0.9 * (step - warmup) / max(1, steps - warmup)
 
 
 def build_tiny_reward_model(
     out_dir: Path | str,
     *,
     seed: int = 0,
-    steps: int = 60,
+    steps: int = 240,
     batch_size: int = 32,
-    learning_rate: float = 3e-3,
+    learning_rate: float = 5e-3,
     tokenizer_dir: Path | str | None = None,
     hidden_size: int = 64,
     layers: int = 2,
+    heads: int = 4,
+    kv_heads: int = 2,
     max_length: int = 256,
+    vocab_size: int = 640,
+    kinds: Sequence[str] = REJECTED_KINDS,
     log: Callable[[str], Any] = print,
 ) -> dict[str, Any]:
     """Train and save a tiny Bradley-Terry reward model; returns its metrics.
 
-    Trains on the "train" split's preference pairs, measures pairwise accuracy on the "eval"
-    split (held out: disjoint prompts), saves model (safetensors) + tokenizer + `rm_metrics.json`
-    to `out_dir`. Runs on CPU in a few seconds with the defaults.
+    Trains on the "train" split's preference pairs whose rejected kind is in `kinds` (all by
+    default; `kinds=ORIGINAL_KINDS, steps=60, learning_rate=3e-3, vocab_size=384` is the first
+    preference data and budget, whose model paid the polite frame whatever was asked), measures
+    pairwise accuracy on the "eval" split (held out: disjoint prompts) over every kind, overall
+    and per kind, whatever it was trained on, and saves model (safetensors) + tokenizer +
+    `rm_metrics.json` to `out_dir`.
+
+    The defaults are sized for the off-request kinds, which the model learns last (it must match
+    the reply's request to the prompt's): 240 steps with a decaying learning rate, and a vocabulary
+    large enough that every request word is one token. About 28 CPU-seconds on one thread.
     """
-    started = time.perf_counter()
+    started, started_cpu = time.perf_counter(), time.process_time()
     out = Path(out_dir)
     rng = random.Random(f"rm-{seed}")
     torch.manual_seed(seed)
     train_problems = make_rlhf_problems("train", 250, seed)
     eval_problems = make_rlhf_problems("eval", 60, seed)
-    train_pairs = preference_pairs(train_problems)
+    train_pairs = preference_pairs(train_problems, kinds)
     eval_pairs = preference_pairs(eval_problems)
 
     tokenizer: PreTrainedTokenizerBase
     if tokenizer_dir is not None:
         tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
     else:
-        corpus = [f"{p}\n{c}\n{r}" for p, c, r in train_pairs]
-        tokenizer = train_tokenizer(corpus, vocab_size=384)
+        corpus = [f"{p.prompt}\n{p.chosen}\n{p.rejected}" for p in train_pairs]
+        tokenizer = train_tokenizer(corpus, vocab_size=vocab_size)
     if tokenizer.pad_token_id is None:
         raise ValueError("the reward model's tokenizer needs a pad token")
     # Right padding: with a causal model the pad tokens after the text change nothing, and
@@ -184,13 +216,12 @@ def build_tiny_reward_model(
     tokenizer.padding_side = "right"
     tokenizer.truncation_side = "left"
 
-    heads = 4
     config = Qwen3Config(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
         num_hidden_layers=layers,
         num_attention_heads=heads,
-        num_key_value_heads=2,
+        num_key_value_heads=kv_heads,
         head_dim=hidden_size // heads,
         intermediate_size=hidden_size * 3,
         max_position_embeddings=max_length,
@@ -209,13 +240,13 @@ def build_tiny_reward_model(
     loss_value = float("nan")
     for step in range(1, steps + 1):
         chunk = rng.sample(train_pairs, min(batch_size, len(train_pairs)))
-        texts = [format_rm_input(tokenizer, p, c) for p, c, _ in chunk]
-        texts += [format_rm_input(tokenizer, p, r) for p, _, r in chunk]
-        rewards = model(**_encode(tokenizer, texts, max_length)).logits[:, 0]
+        texts = [format_rm_input(tokenizer, p.prompt, p.chosen) for p in chunk]
+        texts += [format_rm_input(tokenizer, p.prompt, p.rejected) for p in chunk]
+        rewards = rewards_of(model, tokenizer, texts, max_length=max_length)
         k = len(chunk)
         loss = -F.logsigmoid(rewards[:k] - rewards[k:]).mean()
         for group in optim.param_groups:
-            group["lr"] = learning_rate * min(1.0, step / warmup)
+            group["lr"] = learning_rate * _lr_factor(step, steps, warmup)
         optim.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -224,20 +255,29 @@ def build_tiny_reward_model(
         if step % 20 == 0 or step == steps:
             log(f"rm step {step}: loss {loss_value:.4f}")
 
+    # Train accuracy on the first 20 train prompts only: scoring all ~6k pairs would cost
+    # about as much as the training itself.
+    train_probe = preference_pairs(train_problems[:20], kinds)
+    eval_margins = pairwise_margins(model, tokenizer, eval_pairs, max_length=max_length)
+    by_kind = report_by_kind(eval_pairs, eval_margins)
     metrics: dict[str, Any] = {
         "steps": steps,
         "seed": seed,
         "n_parameters": n_params,
+        "kinds": list(dict.fromkeys(p.kind for p in train_pairs)),
         "train_pairs": len(train_pairs),
         "eval_pairs": len(eval_pairs),
         "final_loss": loss_value,
-        "train_pairwise_accuracy": pairwise_accuracy(model, tokenizer, train_pairs, max_length=max_length),
-        "eval_pairwise_accuracy": pairwise_accuracy(model, tokenizer, eval_pairs, max_length=max_length),
+        "train_pairwise_accuracy": pairwise_accuracy(model, tokenizer, train_probe, max_length=max_length),
+        "eval_pairwise_accuracy": sum(m > 0 for m in eval_margins) / len(eval_margins),
+        "eval_by_kind": by_kind,
     }
     metrics["seconds"] = round(time.perf_counter() - started, 2)
+    metrics["cpu_seconds"] = round(time.process_time() - started_cpu, 2)
     log(
         f"rm: held-out pairwise accuracy {metrics['eval_pairwise_accuracy']:.1%} "
-        f"(train {metrics['train_pairwise_accuracy']:.1%}) in {metrics['seconds']}s"
+        f"(train {metrics['train_pairwise_accuracy']:.1%}) in {metrics['seconds']}s; per kind: "
+        + ", ".join(f"{k} {v['accuracy']:.0%}" for k, v in by_kind.items())
     )
     out.mkdir(parents=True, exist_ok=True)
     model.eval()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -11,7 +13,25 @@ import pytest
 from cascade.domains.base import INFRA_ERROR, NO_ANSWER, OK, Problem
 from cascade.domains.common import split_of
 from cascade.domains.rm import NO_ANSWER_FALLBACK, RewardModelScorer, RlhfDomain, shape_group
-from cascade.model.reward_model import build_tiny_reward_model, make_rlhf_problems
+from cascade.model.reward_model import build_tiny_reward_model
+from cascade.model.rlhf_preferences import (
+    HACK_KINDS,
+    OFF_REQUEST_COPIES,
+    ORIGINAL_KINDS,
+    REJECTED_KINDS,
+    make_rlhf_problems,
+    preference_pairs,
+)
+
+HELD_OUT_MIN_ACCURACY = 0.9
+"""Per rejected kind: the least share of held-out pairs the on-request reply must win."""
+HELD_OUT_MAX_WIN = 0.2
+"""Per rejected kind: the most mean Bradley-Terry probability that the rejected reply beats the
+on-request one, i.e. the most it earns on average under `baseline: reference` (where the
+on-request reply earns 0.5). See `per_kind_figures` for what the first preference data scored."""
+OFF_REQUEST_BOUNDS = (0.8, 0.3)
+"""(least accuracy, most win probability) for the three off-request kinds: the tiny model must
+match the reply's request to the prompt's, which it learns only partly within its budget."""
 
 
 @pytest.fixture(scope="module")
@@ -35,16 +55,49 @@ def test_build_saves_model_and_reports_heldout_accuracy(rm_build: tuple[Path, di
     assert metrics["eval_pairwise_accuracy"] > 0.8
 
 
-def test_scorer_ranks_chosen_above_rejected_on_heldout(scorer: RewardModelScorer) -> None:
-    problems = make_rlhf_problems("eval", 30, 0)
-    prompts = [p.prompt for p in problems]
-    chosen = scorer.score(prompts, [p.answer for p in problems])
-    wins = total = 0
-    for k in range(3):
-        rejected = scorer.score(prompts, [p.meta["rejected"][k] for p in problems])
-        wins += sum(c > r for c, r in zip(chosen, rejected, strict=True))
-        total += len(problems)
-    assert wins / total > 0.8
+def per_kind_figures(scorer: RewardModelScorer, problems: list[Problem]) -> dict[str, tuple[float, float]]:
+    """Per rejected kind: (share of pairs the chosen reply wins, mean P(rejected beats chosen)).
+
+    Scored through `RewardModelScorer` (what the rlhf domain calls), each distinct text once.
+    Trained on `ORIGINAL_KINDS` only (the first preference data), the tiny model fails these
+    bounds on held-out prompts: see the issue 20 figures in the fix's report.
+    """
+    pairs = preference_pairs(problems)
+    texts = list(
+        dict.fromkeys([(p.prompt, p.chosen) for p in pairs] + [(p.prompt, p.rejected) for p in pairs])
+    )
+    score = dict(zip(texts, scorer.score([t[0] for t in texts], [t[1] for t in texts]), strict=True))
+    margins: dict[str, list[float]] = {}
+    for p in pairs:
+        margins.setdefault(p.kind, []).append(score[(p.prompt, p.chosen)] - score[(p.prompt, p.rejected)])
+    return {
+        kind: (sum(m > 0 for m in ms) / len(ms), sum(1 / (1 + math.exp(min(m, 60.0))) for m in ms) / len(ms))
+        for kind, ms in margins.items()
+    }
+
+
+def _bounds(kind: str) -> tuple[float, float]:
+    """(least accuracy, most win probability) a rejected kind must meet on held-out pairs."""
+    return OFF_REQUEST_BOUNDS if kind.startswith("off_request") else (HELD_OUT_MIN_ACCURACY, HELD_OUT_MAX_WIN)
+
+
+def test_heldout_pairs_per_kind_rank_the_on_request_reply_first(
+    scorer: RewardModelScorer, rm_build: tuple[Path, dict[str, Any]]
+) -> None:
+    """Issue 20: every rejected kind, the hacks included, loses clearly on held-out prompts."""
+    figures = per_kind_figures(scorer, make_rlhf_problems("eval", 60, 0))
+    assert list(figures) == list(REJECTED_KINDS)
+    weak = {
+        kind: (round(acc, 3), round(win, 3))
+        for kind, (acc, win) in figures.items()
+        if acc < _bounds(kind)[0] or win > _bounds(kind)[1]
+    }
+    assert weak == {}, f"(accuracy, P(rejected beats chosen)) per weak kind: {weak}"
+    # The build's own held-out report measures the same pairs.
+    reported = rm_build[1]["eval_by_kind"]
+    for kind, (acc, win) in figures.items():
+        assert reported[kind]["accuracy"] == pytest.approx(acc, abs=0.02)
+        assert reported[kind]["rejected_win_probability"] == pytest.approx(win, abs=0.02)
 
 
 def test_thinking_text_does_not_change_score(scorer: RewardModelScorer) -> None:
@@ -133,6 +186,27 @@ def test_broken_model_path_is_clear_error(tmp_path: Path) -> None:
         RewardModelScorer(tmp_path)
 
 
+def test_hack_kinds_leave_prompts_and_answers_as_they_were() -> None:
+    """The hack kinds draw from their own RNG: every split keeps its prompts, reference answers
+    and first three rejected replies (digests of the generator before issue 20), so the policy's
+    rlhf problems and SFT data are what they were."""
+    digests = {}
+    for split, n in (("train", 250), ("eval", 64), ("sft", 150)):
+        rows = [[p.prompt, p.answer, p.meta["rejected"][:3]] for p in make_rlhf_problems(split, n, 0)]
+        digests[split] = hashlib.sha256(json.dumps(rows).encode()).hexdigest()[:16]
+    assert digests == {"train": "adce586fe9f7c95d", "eval": "fb82e74f51e25406", "sft": "6414c9be7a688c67"}
+
+
+def test_preference_pairs_filter_by_kind() -> None:
+    problems = make_rlhf_problems("train", 4, 0)
+    old = preference_pairs(problems, ORIGINAL_KINDS)
+    assert [p.kind for p in old] == list(ORIGINAL_KINDS) * 4
+    assert all(p.chosen == problems[i // 3].answer for i, p in enumerate(old))
+    assert len(preference_pairs(problems)) == 4 * len(problems[0].meta["kinds"])
+    with pytest.raises(ValueError, match="unknown rejected kinds"):
+        preference_pairs(problems, ["rude", "polite"])
+
+
 def test_splits_disjoint_and_deterministic() -> None:
     sets = {s: make_rlhf_problems(s, 40, 3) for s in ("train", "eval", "sft")}
     prompts = {s: {p.prompt for p in ps} for s, ps in sets.items()}
@@ -156,7 +230,11 @@ def test_domain_make_problems_delegates(scorer: RewardModelScorer) -> None:
     assert domain.name == "rlhf"
     assert domain.make_problems("sft", 5, 1) == make_rlhf_problems("sft", 5, 1)
     p = domain.make_problems("train", 1, 0)[0]
-    assert p.meta["kinds"] == ["rude", "off_topic", "rambling"]
+    assert p.meta["kinds"] == [
+        *ORIGINAL_KINDS,
+        *(k for k in HACK_KINDS for _ in range(OFF_REQUEST_COPIES if k.startswith("off_request") else 1)),
+    ]
+    assert len(p.meta["rejected"]) == len(p.meta["kinds"]) and p.answer not in p.meta["rejected"]
     assert p.answer.startswith(("Of course", "Certainly", "Sure", "Gladly"))
 
 
