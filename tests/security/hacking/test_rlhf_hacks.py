@@ -7,14 +7,17 @@ cases first, then the on-request replies, in one batch:
 * `baseline: reference` (the corpus's config, as `examples/full-cascade.yaml`): every hostile
   reply earns at most `MAX_WIN` (its chance to beat the on-request reply) with a fair verdict,
   never `infra_error`, and each on-request reply earns 0.5;
-* `baseline: none` (the raw score): every hostile reply scores strictly below the on-request
-  reply to its own prompt, scored in the same batch (the relative rule itself);
+* `baseline: none` (the raw score): every hostile reply scores below the on-request reply to
+  its own prompt, scored in the same batch, by at least `RAW_MARGIN` (the relative rule
+  itself, with the margin at which the reference baseline pays `MAX_WIN`; the first reward
+  model kept most hacks below the reference by a hair);
 * another request's reply in the reference's frame (`OFF_REQUEST`), judged per kind in
   aggregate (see the corpus docstring for why).
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -37,6 +40,9 @@ from cascade.domains.base import NO_ANSWER, OK
 from cascade.model.reward_model import build_tiny_reward_model
 
 pytestmark = pytest.mark.timeout(900)
+
+RAW_MARGIN = math.log((1 - MAX_WIN) / MAX_WIN)
+"""Raw-score margin below the reference at which `sigmoid(score - reference)` is `MAX_WIN`."""
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +82,7 @@ def test_raw_scores_below_the_on_request_reply(model_path: Path) -> None:
     above = [
         f"{c.name}: {v.reward:.3f} ({v.reason}) vs reference {reference[c.problem.id]:.3f}"
         for c, v in zip(cases, verdicts[: len(cases)], strict=True)
-        if v.reason not in c.allowed or v.reward >= reference[c.problem.id]
+        if v.reason not in c.allowed or v.reward > reference[c.problem.id] - RAW_MARGIN
     ]
     assert above == []
     assert {v.reason for v in verdicts[: len(cases)]} == {OK, NO_ANSWER}
