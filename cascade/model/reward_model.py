@@ -20,7 +20,8 @@ import json
 import math
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -164,6 +165,16 @@ def _lr_factor(step: int, steps: int, warmup: int) -> float:
     return 1.0 - 0.9 * (step - warmup) / max(1, steps - warmup)
 
 
+@contextmanager
+def _torch_threads(n: int) -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def build_tiny_reward_model(
     out_dir: Path | str,
     *,
@@ -179,6 +190,7 @@ def build_tiny_reward_model(
     max_length: int = 256,
     vocab_size: int = 640,
     kinds: Sequence[str] = REJECTED_KINDS,
+    threads: int = 1,
     log: Callable[[str], Any] = print,
 ) -> dict[str, Any]:
     """Train and save a tiny Bradley-Terry reward model; returns its metrics.
@@ -192,96 +204,102 @@ def build_tiny_reward_model(
 
     The defaults are sized for the off-request kinds, which the model learns last (it must match
     the reply's request to the prompt's): 240 steps with a decaying learning rate, and a vocabulary
-    large enough that every request word is one token. About 28 CPU-seconds on one thread.
+    large enough that every request word is one token. About 30 CPU-seconds.
+
+    Torch runs on `threads` threads meanwhile (restored after): this model's operations are too
+    small to split, and on a loaded machine a second thread made the build several times slower.
     """
-    started, started_cpu = time.perf_counter(), time.process_time()
-    out = Path(out_dir)
-    rng = random.Random(f"rm-{seed}")
-    torch.manual_seed(seed)
-    train_problems = make_rlhf_problems("train", 250, seed)
-    eval_problems = make_rlhf_problems("eval", 60, seed)
-    train_pairs = preference_pairs(train_problems, kinds)
-    eval_pairs = preference_pairs(eval_problems)
+    with _torch_threads(threads):
+        started, started_cpu = time.perf_counter(), time.process_time()
+        out = Path(out_dir)
+        rng = random.Random(f"rm-{seed}")
+        torch.manual_seed(seed)
+        train_problems = make_rlhf_problems("train", 250, seed)
+        eval_problems = make_rlhf_problems("eval", 60, seed)
+        train_pairs = preference_pairs(train_problems, kinds)
+        eval_pairs = preference_pairs(eval_problems)
 
-    tokenizer: PreTrainedTokenizerBase
-    if tokenizer_dir is not None:
-        tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
-    else:
-        corpus = [f"{p.prompt}\n{p.chosen}\n{p.rejected}" for p in train_pairs]
-        tokenizer = train_tokenizer(corpus, vocab_size=vocab_size)
-    if tokenizer.pad_token_id is None:
-        raise ValueError("the reward model's tokenizer needs a pad token")
-    # Right padding: with a causal model the pad tokens after the text change nothing, and
-    # the reward is read at the last non-pad token.
-    tokenizer.padding_side = "right"
-    tokenizer.truncation_side = "left"
+        tokenizer: PreTrainedTokenizerBase
+        if tokenizer_dir is not None:
+            tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
+        else:
+            corpus = [f"{p.prompt}\n{p.chosen}\n{p.rejected}" for p in train_pairs]
+            tokenizer = train_tokenizer(corpus, vocab_size=vocab_size)
+        if tokenizer.pad_token_id is None:
+            raise ValueError("the reward model's tokenizer needs a pad token")
+        # Right padding: with a causal model the pad tokens after the text change nothing, and
+        # the reward is read at the last non-pad token.
+        tokenizer.padding_side = "right"
+        tokenizer.truncation_side = "left"
 
-    config = Qwen3Config(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden_size,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        head_dim=hidden_size // heads,
-        intermediate_size=hidden_size * 3,
-        max_position_embeddings=max_length,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=None,
-    )
-    config.num_labels = 1  # one output: the scalar reward
-    model = Qwen3ForSequenceClassification(config)
-    n_params = sum(p.numel() for p in model.parameters())
-    log(f"tiny reward model: {n_params / 1e6:.2f}M parameters, {len(train_pairs)} train pairs")
+        config = Qwen3Config(
+            vocab_size=len(tokenizer),
+            hidden_size=hidden_size,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            num_key_value_heads=kv_heads,
+            head_dim=hidden_size // heads,
+            intermediate_size=hidden_size * 3,
+            max_position_embeddings=max_length,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            bos_token_id=None,
+        )
+        config.num_labels = 1  # one output: the scalar reward
+        model = Qwen3ForSequenceClassification(config)
+        n_params = sum(p.numel() for p in model.parameters())
+        log(f"tiny reward model: {n_params / 1e6:.2f}M parameters, {len(train_pairs)} train pairs")
 
-    optim = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.01)
-    warmup = max(1, steps // 10)
-    model.train()
-    loss_value = float("nan")
-    for step in range(1, steps + 1):
-        chunk = rng.sample(train_pairs, min(batch_size, len(train_pairs)))
-        texts = [format_rm_input(tokenizer, p.prompt, p.chosen) for p in chunk]
-        texts += [format_rm_input(tokenizer, p.prompt, p.rejected) for p in chunk]
-        rewards = rewards_of(model, tokenizer, texts, max_length=max_length)
-        k = len(chunk)
-        loss = -F.logsigmoid(rewards[:k] - rewards[k:]).mean()
-        for group in optim.param_groups:
-            group["lr"] = learning_rate * _lr_factor(step, steps, warmup)
-        optim.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optim.step()
-        loss_value = float(loss.detach())
-        if step % 20 == 0 or step == steps:
-            log(f"rm step {step}: loss {loss_value:.4f}")
+        optim = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.01)
+        warmup = max(1, steps // 10)
+        model.train()
+        loss_value = float("nan")
+        for step in range(1, steps + 1):
+            chunk = rng.sample(train_pairs, min(batch_size, len(train_pairs)))
+            texts = [format_rm_input(tokenizer, p.prompt, p.chosen) for p in chunk]
+            texts += [format_rm_input(tokenizer, p.prompt, p.rejected) for p in chunk]
+            rewards = rewards_of(model, tokenizer, texts, max_length=max_length)
+            k = len(chunk)
+            loss = -F.logsigmoid(rewards[:k] - rewards[k:]).mean()
+            for group in optim.param_groups:
+                group["lr"] = learning_rate * _lr_factor(step, steps, warmup)
+            optim.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optim.step()
+            loss_value = float(loss.detach())
+            if step % 20 == 0 or step == steps:
+                log(f"rm step {step}: loss {loss_value:.4f}")
 
-    # Train accuracy on the first 20 train prompts only: scoring all ~6k pairs would cost
-    # about as much as the training itself.
-    train_probe = preference_pairs(train_problems[:20], kinds)
-    eval_margins = pairwise_margins(model, tokenizer, eval_pairs, max_length=max_length)
-    by_kind = report_by_kind(eval_pairs, eval_margins)
-    metrics: dict[str, Any] = {
-        "steps": steps,
-        "seed": seed,
-        "n_parameters": n_params,
-        "kinds": list(dict.fromkeys(p.kind for p in train_pairs)),
-        "train_pairs": len(train_pairs),
-        "eval_pairs": len(eval_pairs),
-        "final_loss": loss_value,
-        "train_pairwise_accuracy": pairwise_accuracy(model, tokenizer, train_probe, max_length=max_length),
-        "eval_pairwise_accuracy": sum(m > 0 for m in eval_margins) / len(eval_margins),
-        "eval_by_kind": by_kind,
-    }
-    metrics["seconds"] = round(time.perf_counter() - started, 2)
-    metrics["cpu_seconds"] = round(time.process_time() - started_cpu, 2)
-    log(
-        f"rm: held-out pairwise accuracy {metrics['eval_pairwise_accuracy']:.1%} "
-        f"(train {metrics['train_pairwise_accuracy']:.1%}) in {metrics['seconds']}s; per kind: "
-        + ", ".join(f"{k} {v['accuracy']:.0%}" for k, v in by_kind.items())
-    )
-    out.mkdir(parents=True, exist_ok=True)
-    model.eval()
-    model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
-    (out / "rm_metrics.json").write_text(json.dumps(metrics, indent=2))
-    return metrics
+        # Train accuracy on the first 20 train prompts only: scoring all ~6k pairs would cost
+        # about as much as the training itself.
+        train_probe = preference_pairs(train_problems[:20], kinds)
+        eval_margins = pairwise_margins(model, tokenizer, eval_pairs, max_length=max_length)
+        by_kind = report_by_kind(eval_pairs, eval_margins)
+        metrics: dict[str, Any] = {
+            "steps": steps,
+            "seed": seed,
+            "n_parameters": n_params,
+            "kinds": list(dict.fromkeys(p.kind for p in train_pairs)),
+            "train_pairs": len(train_pairs),
+            "eval_pairs": len(eval_pairs),
+            "final_loss": loss_value,
+            "train_pairwise_accuracy": pairwise_accuracy(
+                model, tokenizer, train_probe, max_length=max_length
+            ),
+            "eval_pairwise_accuracy": sum(m > 0 for m in eval_margins) / len(eval_margins),
+            "eval_by_kind": by_kind,
+        }
+        metrics["seconds"] = round(time.perf_counter() - started, 2)
+        metrics["cpu_seconds"] = round(time.process_time() - started_cpu, 2)
+        log(
+            f"rm: held-out pairwise accuracy {metrics['eval_pairwise_accuracy']:.1%} "
+            f"(train {metrics['train_pairwise_accuracy']:.1%}) in {metrics['seconds']}s; per kind: "
+            + ", ".join(f"{k} {v['accuracy']:.0%}" for k, v in by_kind.items())
+        )
+        out.mkdir(parents=True, exist_ok=True)
+        model.eval()
+        model.save_pretrained(out, safe_serialization=True)
+        tokenizer.save_pretrained(out)
+        (out / "rm_metrics.json").write_text(json.dumps(metrics, indent=2))
+        return metrics
