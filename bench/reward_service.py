@@ -75,7 +75,10 @@ def _wait_log(log: Path, text: str, timeout_s: float = 60) -> None:
 
 
 def answers(domain: str, n: int) -> tuple[list[Problem], list[str]]:
-    problems = make_domain(DomainConfig(name=domain)).make_problems("eval", n, 0)  # type: ignore[arg-type]
+    # A domain's generator has a finite number of distinct problems (code: ~1600), so problems
+    # repeat past it; the completions below stay distinct, so no verdict cache applies.
+    distinct = make_domain(DomainConfig(name=domain)).make_problems("eval", min(n, 1024), 0)  # type: ignore[arg-type]
+    problems = [distinct[i % len(distinct)] for i in range(n)]
     wrong = {"math": "The answer is \\boxed{-7}.", "code": "```python\ndef f(x):\n    return -7\n```"}[domain]
     # Every completion distinct (verdict caches and batch deduplication never apply).
     if domain == "math":
