@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
@@ -81,3 +82,14 @@ def resolve_learner(cfg: LearnerConfig, model_dtype: str, *, cuda: bool | None =
     if cfg.precision == "float32":
         return Accel(device=device, autocast_dtype=None, frozen_dtype=model_dtype)
     return Accel(device=device, autocast_dtype=torch.bfloat16, frozen_dtype="bfloat16")
+
+
+@contextlib.contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """Run torch on `n` intra-op threads inside the block, then restore the previous count."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

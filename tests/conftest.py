@@ -7,7 +7,6 @@ asks for `postgres_url`, and gets its own schema, dropped afterwards.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -37,18 +36,6 @@ def random_tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return save_untrained_model(tmp_path_factory.mktemp("random-tiny-model"), TinyModelSpec(seed=0))
 
 
-@contextmanager
-def _torch_threads(n: int) -> Iterator[None]:
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def torch_one_thread() -> Iterator[None]:
     """Run torch on one intra-op thread for this module, then restore the previous setting.
@@ -56,7 +43,9 @@ def torch_one_thread() -> Iterator[None]:
     The tiny model is far too small to gain from threads, and on a small shared machine
     two spinning threads competing with another process make each forward many times slower.
     """
-    with _torch_threads(1):
+    from cascade.accel import torch_threads
+
+    with torch_threads(1):
         yield
 
 
@@ -64,7 +53,9 @@ def torch_one_thread() -> Iterator[None]:
 def torch_two_threads() -> Iterator[None]:
     """Two intra-op threads for one test (whatever the module set): for what only shows when
     torch splits a kernel across threads."""
-    with _torch_threads(2):
+    from cascade.accel import torch_threads
+
+    with torch_threads(2):
         yield
 
 

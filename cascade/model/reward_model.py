@@ -20,8 +20,7 @@ import json
 import math
 import random
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +33,7 @@ from transformers import (
     Qwen3ForSequenceClassification,
 )
 
+from cascade.accel import torch_threads
 from cascade.model.rlhf_preferences import (
     REJECTED_KINDS,
     PreferencePair,
@@ -165,16 +165,6 @@ def _lr_factor(step: int, steps: int, warmup: int) -> float:
     return 1.0 - 0.9 * (step - warmup) / max(1, steps - warmup)
 
 
-@contextmanager
-def _torch_threads(n: int) -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def build_tiny_reward_model(
     out_dir: Path | str,
     *,
@@ -209,7 +199,7 @@ def build_tiny_reward_model(
     Torch runs on `threads` threads meanwhile (restored after): this model's operations are too
     small to split, and on a loaded machine a second thread made the build several times slower.
     """
-    with _torch_threads(threads):
+    with torch_threads(threads):
         started, started_cpu = time.perf_counter(), time.process_time()
         out = Path(out_dir)
         rng = random.Random(f"rm-{seed}")
