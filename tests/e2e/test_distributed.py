@@ -499,8 +499,14 @@ TRAINED_TINY = Path(__file__).resolve().parents[2] / "models" / "tiny"
 
 def _trained_two_stage(data: dict[str, Any]) -> None:
     """The two-stage cascade on the trained tiny model (the Makefile builds it before the
-    tests): RL has signal, so the teacher differs from the student once stage 2 has begun."""
+    tests), math first: RL has signal, so the teacher differs from the student once stage 2 has
+    begun. (The trained model earns almost nothing on the if rules, which pay only replies that
+    restate the prompt's words: an if stage first would leave its teacher equal to the student,
+    and the distillation term at rounding level, which AdamW turns into steps of learning-rate
+    size that the two modes take differently.)"""
     data["model"]["path"] = str(TRAINED_TINY)
+    first, second = data["stages"]
+    first["domain"], second["domain"] = "math", "if"
     data["rollout"] = {"seeding": "per_request", "prompts_per_request": 2}
     for stage in data["stages"]:
         stage["advance"]["max_steps"] = 3
