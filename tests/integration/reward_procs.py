@@ -13,8 +13,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import grpc
+import pytest
 
 from cascade.transport.health import wait_until_serving
 
@@ -133,3 +135,25 @@ def start_redis(port: int, log_dir: Path, name: str = "redis") -> Proc:
     proc = Proc(name, argv, dict(os.environ), log_dir)
     proc.wait_for_log("Ready to accept connections", 10)
     return proc
+
+
+REDIS = os.environ.get("CASCADE_TEST_REDIS", "127.0.0.1:6379")
+"""The local Redis the reward-service tests use as broker (host:port)."""
+
+
+def redis_client(db: int) -> Any:
+    import redis
+
+    host, port = REDIS.split(":")
+    return redis.Redis(host=host, port=int(port), db=db, socket_connect_timeout=3)
+
+
+def flush_or_skip(*dbs: int) -> None:
+    """Empty the broker dbs a test uses; skip if Redis is down (fail under CASCADE_REQUIRE_REDIS=1)."""
+    try:
+        for db in dbs:
+            redis_client(db).flushdb()
+    except Exception as err:
+        if os.environ.get("CASCADE_REQUIRE_REDIS") == "1":
+            pytest.fail(f"Redis unreachable at {REDIS}: {err}")
+        pytest.skip(f"Redis unreachable at {REDIS}: {err}")

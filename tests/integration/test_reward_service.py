@@ -9,7 +9,6 @@ CASCADE_REQUIRE_REDIS=1.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 import urllib.request
@@ -22,7 +21,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
-from reward_procs import Front, Proc, free_port, start_redis, start_worker
+from reward_procs import REDIS, Front, Proc, flush_or_skip, free_port, redis_client, start_redis, start_worker
 
 from cascade.config import DomainConfig
 from cascade.domains import Problem, make_domain
@@ -32,15 +31,11 @@ from cascade_proto.v1 import reward_pb2_grpc as pb_grpc
 
 pytestmark = pytest.mark.timeout(60)
 
-REDIS = os.environ.get("CASCADE_TEST_REDIS", "127.0.0.1:6379")
 MAIN_DB, KILL_DB = 11, 13
 
 
 def _redis(db: int) -> Any:
-    import redis
-
-    host, port = REDIS.split(":")
-    return redis.Redis(host=host, port=int(port), db=db, socket_connect_timeout=3)
+    return redis_client(db)
 
 
 @dataclass
@@ -59,13 +54,7 @@ class Service:
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    try:
-        for db in (MAIN_DB, KILL_DB):
-            _redis(db).flushdb()
-    except Exception as err:
-        if os.environ.get("CASCADE_REQUIRE_REDIS") == "1":
-            pytest.fail(f"Redis unreachable at {REDIS}: {err}")
-        pytest.skip(f"Redis unreachable at {REDIS}: {err}")
+    flush_or_skip(MAIN_DB, KILL_DB)
     log_dir = tmp_path_factory.mktemp("reward-service")
     url = f"redis://{REDIS}"
     procs: list[Proc | Front] = []

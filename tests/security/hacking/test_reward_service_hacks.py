@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
 import shutil
 import sys
 from collections.abc import Iterator
@@ -36,33 +35,24 @@ from cascade_proto.v1 import reward_pb2_grpc as pb_grpc
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1] / "integration"))  # the service's process helpers
 
-from reward_procs import Front, Proc, start_worker  # noqa: E402
+from reward_procs import REDIS, Front, Proc, flush_or_skip, redis_client, start_worker  # noqa: E402
 
 pytestmark = pytest.mark.timeout(900)
 
 CORPORA = sorted(path.stem for path in HERE.glob("corpus_*.py"))
-REDIS = os.environ.get("CASCADE_TEST_REDIS", "127.0.0.1:6379")
 DB = 12
 RPC_TIMEOUT_S = 600
 
 
 def _redis() -> Any:
-    import redis
-
-    host, port = REDIS.split(":")
-    return redis.Redis(host=host, port=int(port), db=DB, socket_connect_timeout=3)
+    return redis_client(DB)
 
 
 @pytest.fixture(scope="module")
 def stub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[pb_grpc.RewardServiceStub]:
     if shutil.which("bwrap") is None:
         pytest.skip("bubblewrap not installed (the worker scores code only in the sandbox)")
-    try:
-        _redis().flushdb()
-    except Exception as err:
-        if os.environ.get("CASCADE_REQUIRE_REDIS") == "1":
-            pytest.fail(f"Redis unreachable at {REDIS}: {err}")
-        pytest.skip(f"Redis unreachable at {REDIS}: {err}")
+    flush_or_skip(DB)
     log_dir = tmp_path_factory.mktemp("reward-service-hacks")
     url = f"redis://{REDIS}/{DB}"
     procs: list[Proc | Front] = []
