@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from cascade.config_hf import HfPrompts
 from cascade.config_tracking import BackendName, TrackingConfig
 
-DomainName = Literal["math", "code", "if", "swe", "rlhf"]
+DomainName = Literal["math", "code", "if", "swe", "rlhf", "agent"]
 """Domains with a verifier in `cascade.domains`."""
 
 
@@ -189,8 +189,35 @@ class RlhfReward(StrictModel):
     max_length: int = Field(256, ge=8)
 
 
+class AgentReward(StrictModel):
+    """Task completion in the tool environment (`cascade.domains.agent`): the transcript is
+    replayed (its tool responses must be the environment's), then the final answer and/or the
+    final store are checked; function-call problems (`kind: hf`, `adapter: bfcl`) are matched
+    structurally. Calls past a limit get an error response and are counted."""
+
+    kind: Literal["agent"] = "agent"
+    max_response_chars: int = Field(16_000, ge=1)
+    """Longer final responses get `output_limit` unread (`cascade.domains.length_bound`)."""
+    max_calls_per_turn: int = Field(4, ge=1)
+    max_calls_per_episode: int = Field(12, ge=1)
+    max_repeated_calls: int = Field(2, ge=1)
+    """The same call (name and arguments) made more often than this is a loop: reward 0."""
+    max_call_chars: int = Field(512, ge=16)
+    """A call's JSON text; longer is `oversized` (answered with an error, never parsed)."""
+    chat_template_from: Path | None = None
+    """A tokenizer directory whose chat template gives the tool-call format; None: the tiny
+    model's (Qwen3's `<tool_call>`/`<tool_response>` convention)."""
+    python_tool: bool = False
+    """Offer the `python` tool (model-written code run in the code sandbox)."""
+    time_limit_s: float = Field(2.0, gt=0)
+    memory_mb: int = Field(256, ge=16)
+    sandbox: Literal["auto", "bwrap", "process"] = "auto"
+    """As the code reward's `sandbox`: `process` is NOT a security boundary."""
+    sandbox_uid: int = Field(61000, ge=1)
+
+
 RewardConfig = Annotated[
-    MathReward | CodeReward | IfReward | SweReward | RlhfReward, Field(discriminator="kind")
+    MathReward | CodeReward | IfReward | SweReward | RlhfReward | AgentReward, Field(discriminator="kind")
 ]
 
 
@@ -450,6 +477,22 @@ class LeaseConfig(StrictModel):
         return self
 
 
+class ResilienceConfig(StrictModel):
+    """How long a run rides out each dependency's outage (`cascade.resilience`) before it stops
+    with the reason and its resume command. An outage is counted from the first failed call to
+    the first that succeeds; calls in it are retried with capped backoff. Not a training setting
+    (`cascade.config_diff`): a run may resume with other bounds."""
+
+    database_s: float = Field(300.0, ge=0)
+    """The store (Postgres or SQLite): a failover or a restart takes seconds to a minute."""
+    redis_s: float = Field(300.0, ge=0)
+    """Redis (the rollout request and result streams; the reward broker)."""
+    teacher_s: float = Field(300.0, ge=0)
+    """The teacher service (distillation log-probs)."""
+    rollout_s: float = Field(300.0, ge=0)
+    """The rollout service: every replica down at once (one down of several: the others serve)."""
+
+
 DEVICE_PATTERN = r"^(auto|cpu|cuda(:[0-9]+)?)$"
 """`auto`, `cpu`, `cuda` or `cuda:N` (the learner's `learner.device`, and `--device`)."""
 
@@ -520,6 +563,7 @@ class CascadeConfig(StrictModel):
     rollout: RolloutConfig = RolloutConfig()
     lease: LeaseConfig = LeaseConfig()
     learner: LearnerConfig = LearnerConfig()
+    resilience: ResilienceConfig = ResilienceConfig()
     tracking: TrackingConfig = TrackingConfig()
     """Experiment trackers (TensorBoard, MLflow, W&B): none by default."""
     output_dir: Path = Path("runs")

@@ -11,7 +11,7 @@ import hashlib
 import json
 from typing import Any
 
-NOT_TRAINING = ("output_dir", "checkpoint", "lease", "learner", "tracking")
+NOT_TRAINING = ("output_dir", "checkpoint", "lease", "learner", "resilience", "tracking")
 """Top-level sections that change where or how safely a run is kept, not what it learns.
 
 `learner` (device and precision) is here on purpose: a cascade made on a laptop may be trained
