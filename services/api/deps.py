@@ -36,11 +36,11 @@ def unit_of_work(engine: Engine) -> Iterator[Session]:
         yield session
 
 
-def require_writer(
+def require_token(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Principal:
-    """401 without a valid bearer token, 403 for a read-only one."""
+    """401 without a valid bearer token (of any role)."""
     challenge = {"WWW-Authenticate": "Bearer"}
     if credentials is None or credentials.scheme.lower() != "bearer":
         raise HTTPException(status.HTTP_401_UNAUTHORIZED, "a bearer token is required", headers=challenge)
@@ -48,6 +48,11 @@ def require_writer(
     principal = tokens.lookup(credentials.credentials)
     if principal is None:
         raise HTTPException(status.HTTP_401_UNAUTHORIZED, "invalid token", headers=challenge)
+    return principal
+
+
+def require_writer(principal: Annotated[Principal, Depends(require_token)]) -> Principal:
+    """401 without a valid bearer token, 403 for a read-only one."""
     if principal.role != "write":
         raise HTTPException(status.HTTP_403_FORBIDDEN, f"token {principal.name!r} is read-only")
     return principal
@@ -55,4 +60,5 @@ def require_writer(
 
 EngineDep = Annotated[Engine, Depends(get_engine)]
 WriterDep = Annotated[Principal, Depends(require_writer)]
+TokenDep = Annotated[Principal, Depends(require_token)]
 LimitsDep = Annotated[ApiLimits, Depends(get_limits)]

@@ -16,7 +16,7 @@ from cascade.store import leases, repo
 from cascade.store.history import EvalPoint
 from cascade.store.lifecycle import NotFound, get_row
 from cascade.store.models import ACTIVE_STAGE_STATES, Cascade, Checkpoint, Event, Run, RunLease, Stage, Step
-from services.api import schemas
+from services.api import actions, schemas
 
 
 def _max_steps(cascade: Cascade, index: int) -> int | None:
@@ -42,6 +42,7 @@ def stage_out(stage: Stage, cascade: Cascade | None = None) -> schemas.StageOut:
         max_steps=_max_steps(cascade, stage.index),
         started_at=stage.started_at,
         ended_at=stage.ended_at,
+        actions=actions.stage_actions(stage),
     )
 
 
@@ -90,9 +91,10 @@ def list_cascades(session: Session, *, limit: int, offset: int) -> list[schemas.
 
 def cascade_detail(session: Session, cascade_id: int) -> schemas.CascadeOut:
     cascade = get_row(session, Cascade, cascade_id)
-    runs = session.scalars(select(Run).where(Run.cascade_id == cascade_id).order_by(Run.id))
+    runs = list(session.scalars(select(Run).where(Run.cascade_id == cascade_id).order_by(Run.id)))
     stage_rows = repo.list_stages(session, cascade_id=cascade_id)
     lease = leases.lease_of(session, cascade_id)
+    offered = actions.cascade_actions(cascade, stage_rows, runs, runner_live=leases.is_live(lease))
     return schemas.CascadeOut(
         id=cascade.id,
         name=cascade.name,
@@ -101,6 +103,7 @@ def cascade_detail(session: Session, cascade_id: int) -> schemas.CascadeOut:
         config=cascade.config if isinstance(cascade.config, dict) else {},
         stages=[stage_out(s, cascade) for s in stage_rows],
         runs=[run_out(r, lease, stage_rows) for r in runs],
+        actions=offered,
     )
 
 

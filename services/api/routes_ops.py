@@ -1,4 +1,4 @@
-"""Operational routes: /health, Prometheus /metrics, and the dashboard's page and assets."""
+"""Operational routes: /health, Prometheus /metrics, /api/whoami, and the dashboard's page."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy.exc import SQLAlchemyError
 
 from services.api import queries, schemas
-from services.api.deps import EngineDep, unit_of_work
+from services.api.deps import EngineDep, TokenDep, unit_of_work
 
 STATIC = Path(__file__).with_name("static")
 router = APIRouter()
@@ -27,6 +27,17 @@ def health(engine: EngineDep) -> schemas.HealthOut | JSONResponse:
         body = schemas.HealthOut(status="degraded", database="unreachable", schema_revision=None)
         return JSONResponse(body.model_dump(), status_code=503)
     return schemas.HealthOut(status="ok", database="ok", schema_revision=revision)
+
+
+@router.get(
+    "/api/whoami",
+    response_model=schemas.WhoAmIOut,
+    tags=["ops"],
+    responses={401: {"model": schemas.ErrorOut, "description": "no or invalid bearer token"}},
+)
+def whoami(who: TokenDep) -> schemas.WhoAmIOut:
+    """The bearer token's name and role: how the dashboard checks a token before it offers steering."""
+    return schemas.WhoAmIOut(name=who.name, role=who.role, can_write=who.role == "write")
 
 
 @router.get("/metrics", include_in_schema=False)

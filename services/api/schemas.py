@@ -25,6 +25,17 @@ class ConflictOut(BaseModel):
     requested_state: str
 
 
+class ActionOut(BaseModel):
+    """An operator command offered now: the request is refused neither by the state machine nor a
+    no-op repeat. Send `POST path` with a write token."""
+
+    command: str
+    """`pause`, `resume`, `advance` (a stage) or `abort` (a cascade)."""
+    leads_to: str
+    """The state it asks for, applied by the runner at its next step boundary."""
+    path: str
+
+
 class StageOut(BaseModel):
     id: int
     cascade_id: int
@@ -38,6 +49,8 @@ class StageOut(BaseModel):
     max_steps: int | None
     started_at: datetime | None
     ended_at: datetime | None
+    actions: list[ActionOut] = []
+    """The commands this stage offers in its current state (see `ActionOut`)."""
 
 
 class RunOut(BaseModel):
@@ -75,6 +88,8 @@ class CascadeOut(BaseModel):
     config: dict[str, Any]
     stages: list[StageOut]
     runs: list[RunOut]
+    actions: list[ActionOut] = []
+    """The cascade's commands offered now (`abort` unless it finished or nothing is left to abort)."""
 
 
 class CommandOut(BaseModel):
@@ -190,6 +205,14 @@ class EventOut(BaseModel):
     to_state: str | None
     actor: str
     detail: dict[str, Any]
+
+
+class WhoAmIOut(BaseModel):
+    name: str
+    """The token's name in the API's settings (events record `api:<name>`)."""
+    role: str
+    can_write: bool
+    """Whether this token may create cascades and steer stages."""
 
 
 class HealthOut(BaseModel):
