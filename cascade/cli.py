@@ -267,6 +267,16 @@ def cmd_up(args: argparse.Namespace) -> int:
     from cascade.up import LocalStack
 
     run_dir = Path(args.run_dir) if args.run_dir else cfg.output_dir / f"{cfg.name}-distributed"
+    from cascade.up_preflight import refusal
+    from cascade.up_supervisor import RestartBound
+
+    why = refusal(run_dir, db_url=args.db, cascade_id=args.cascade_id, resume=args.resume, fresh=args.fresh)
+    if why is not None:  # before anything is asked, written or started
+        return _fail(f"{why}; nothing was started")
+    try:
+        bound = RestartBound(max_restarts=args.max_restarts, window_s=args.restart_window_s)
+    except ValueError as err:
+        return _fail(str(err))
     flags_error = _resolve_run_flags(args, run_dir)
     if flags_error is not None:
         return _fail(flags_error)
@@ -274,6 +284,13 @@ def cmd_up(args: argparse.Namespace) -> int:
         return _fail("--rollout-replicas must be at least 1")
     if args.learner_ranks < 1:
         return _fail("--learner-ranks must be at least 1")
+    from cascade.cli_engine import engine_launch, vllm_settings
+    from cascade.config import VllmEngineConfig
+
+    try:
+        vllm = vllm_settings(args, cfg.model.path) if args.engine == "vllm" else VllmEngineConfig()
+    except ValueError as err:
+        return _fail(str(err))
     stack = LocalStack(
         config=Path(args.config).resolve(),
         model=cfg.model.path.resolve(),
@@ -293,12 +310,22 @@ def cmd_up(args: argparse.Namespace) -> int:
         distill=not args.no_distill,
         nice=args.nice,
         track=args.track,
+        engine=args.engine,
+        vllm=vllm,
+        supervise=True,
+        restart_bound=bound,
+        launch_extra=engine_launch(args.engine, vllm, args.vllm_python),
     )
+    if args.vllm_python:
+        stack.vllm_python = args.vllm_python
 
     def on_term(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_term)
+    from cascade.runner.record import public_db_url, public_url
+    from cascade.up_supervisor import GaveUp
+
     try:
         print(f"starting services (logs in {stack.log_dir}) ...", flush=True)
         stack.start_services()
@@ -306,29 +333,56 @@ def cmd_up(args: argparse.Namespace) -> int:
             stack.worker(i)
         stack.start_learner()
         print(stack.describe(), flush=True)
-        db = args.db or "SQLite in the run dir"
-        print(f"redis {args.redis_url} (streams {stack.stream_prefix}:*), db {db}")
-        print("Ctrl-C stops them all", flush=True)
+        db = public_db_url(args.db) if args.db else "SQLite in the run dir"
+        print(f"redis {public_url(args.redis_url)} (streams {stack.stream_prefix}:*), db {db}")
+        print(
+            f"dead processes are restarted (at most {bound.max_restarts} times each within "
+            f"{bound.window_s:g}s), the learner is not; Ctrl-C stops them all",
+            flush=True,
+        )
         code = stack.wait(echo=True)
+        if code != 0:
+            learner = stack.procs["learner"]
+            print(
+                f"error: the learner (pid {learner.pid}) ended: {learner.exit_status()} (its log: "
+                f"{learner.log_path}); cascade up does not restart it: only --resume continues the run "
+                "without losing anything (from its last checkpoint; the steps after it are redone)",
+                file=sys.stderr,
+            )
     except KeyboardInterrupt:
         print("\nstopping ...", file=sys.stderr)
         code = 130
-    except (RuntimeError, TimeoutError) as err:
-        print(f"error: {err}", file=sys.stderr)
+    except GaveUp as err:
+        print(f"error: {err}; stopping the stack", file=sys.stderr)
+        code = 1
+    except Exception as err:  # a service that could not start, a full disk, ...: the hint below
+        print(f"error: {type(err).__name__}: {err}", file=sys.stderr)
         code = 1
     finally:
         stack.stop()
-    print(f"all stopped (learner exit code {code})", file=sys.stderr)
+    print(f"all stopped (exit code {code})", file=sys.stderr)
     if code != 0:
-        from cascade.runner.record import read_record, resume_command
-
-        record = read_record(stack.run_dir)
-        if record is not None:
-            print(
-                f"continue with: {resume_command(args.config, run_dir, record, embedded=False)}",
-                file=sys.stderr,
-            )
+        print(_up_hint(args, run_dir, stack), file=sys.stderr)
     return code
+
+
+def _up_hint(args: argparse.Namespace, run_dir: Path, stack) -> str:  # stack: LocalStack
+    """The command that restarts the stack as it was: `--resume` once the learner recorded a
+    run, else the same command again (nothing was trained)."""
+    import shlex
+
+    from cascade.runner.record import read_record, resume_command
+
+    try:
+        record = read_record(stack.run_dir)
+    except (OSError, ValueError):
+        record = None
+    if record is None:
+        return f"no run recorded in {run_dir} (nothing trained yet); start again with: " + shlex.join(
+            ["cascade", *getattr(args, "argv", [])]
+        )
+    record.launch = stack.launch()
+    return f"continue with: {resume_command(args.config, run_dir, record, embedded=False)}"
 
 
 def track_arg(value: str) -> list[str]:
@@ -428,6 +482,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-follow", action="store_true", help="stop the stack when a stage is paused")
     p.add_argument("--no-distill", action="store_true", help="ablation: no distillation in any stage")
     p.add_argument("--nice", type=int, default=0, help="start every process under `nice -n N`")
+    p.add_argument(
+        "--max-restarts",
+        type=int,
+        default=5,
+        help="a process other than the learner that dies is restarted, at most this many times within "
+        "--restart-window-s; one more death stops the stack (default: %(default)s)",
+    )
+    p.add_argument(
+        "--restart-window-s",
+        type=float,
+        default=600.0,
+        help="the window of --max-restarts, in seconds (default: %(default)s)",
+    )
+    from cascade.cli_engine import add_engine_flags
+
+    add_engine_flags(p)
     p.add_argument(
         "--track",
         type=track_arg,

@@ -5,23 +5,32 @@ reward service (gRPC front + Celery workers), the teacher service, rollout worke
 learner, each in its own session (its pid is its process group), on free loopback ports, against
 the local Redis and the given database. Prints where each listens and where it logs; when the
 learner finishes, or on Ctrl-C / SIGTERM, stops them all (SIGTERM to each group, SIGKILL to what
-lingers), the learner first.
+lingers), the learner first. With `supervise`, a process other than the learner that dies is
+reported and started again (`cascade.up_supervisor`). Logs are appended to, never truncated:
+each start of a process writes a marker line first, and `Proc.log()` is what this start wrote.
 
 The services are started by module name (`python -m services...`): `cascade` imports none of them.
 """
 
 from __future__ import annotations
 
+import codecs
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any, Literal
 
+from cascade.config import VllmEngineConfig
+from cascade.engine import vllm_env
 from cascade.transport.health import wait_until_serving
+from cascade.up_supervisor import RestartBound, Supervised, Supervisor
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -44,6 +53,15 @@ class Proc:
     port: int | None = None
     metrics_port: int | None = None
     popen: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+    start_offset: int = 0
+    """Where this start's output begins in the log (earlier starts' output lies before it)."""
+    stopped: bool = False
+    """Stopped on purpose (not to be restarted)."""
+    env_extra: dict[str, str] = field(default_factory=dict)
+    """Set over the environment it is started with (the vLLM rollout service's variables)."""
+    start_timeout_s: float | None = None
+    """How long its start may take, where longer than the stack's default (a vLLM engine)."""
 
     @property
     def address(self) -> str:
@@ -51,11 +69,21 @@ class Proc:
 
     def start(self, env: dict[str, str], nice: int = 0) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("wb") as log:
+        previous = f"; the previous process: {self.exit_status()}" if self.popen is not None else ""
+        self.starts += 1
+        self.stopped = False
+        with self.log_path.open("ab") as log:
+            if log.tell() > 0 and _last_byte(self.log_path) != b"\n":
+                log.write(b"\n")
+            when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+            again = f" (restart {self.starts - 1}{previous})" if self.starts > 1 else ""
+            log.write(f"=== cascade up {when}: starting {self.name}{again} ===\n".encode())
+            log.flush()
+            self.start_offset = log.tell()
             self.popen = subprocess.Popen(
                 ["nice", "-n", str(nice), *self.argv] if nice else self.argv,
                 cwd=REPO,
-                env=env,
+                env={**env, **self.env_extra},
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
@@ -69,8 +97,34 @@ class Proc:
     def alive(self) -> bool:
         return self.popen is not None and self.popen.poll() is None
 
+    def exit_status(self) -> str:
+        code = None if self.popen is None else self.popen.poll()
+        if code is None:
+            return "running"
+        if code < 0:
+            try:
+                return f"killed by {signal.Signals(-code).name}"
+            except ValueError:
+                return f"killed by signal {-code}"
+        return f"exit code {code}"
+
     def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        """What this start of the process logged (the log file keeps earlier starts' too)."""
+        if not self.log_path.exists():
+            return ""
+        with self.log_path.open("rb") as f:
+            f.seek(self.start_offset)
+            return f.read().decode(errors="replace")
+
+    def log_tail(self, lines: int = 20, max_bytes: int = 16384) -> str:
+        """The last `lines` lines this start logged (reading at most `max_bytes` of the file)."""
+        if not self.log_path.exists():
+            return ""
+        with self.log_path.open("rb") as f:
+            end = f.seek(0, os.SEEK_END)
+            f.seek(max(self.start_offset, end - max_bytes))
+            text = f.read().decode(errors="replace")
+        return "\n".join(text.splitlines()[-lines:])
 
     def signal_group(self, sig: signal.Signals) -> None:
         if self.popen is None:
@@ -81,6 +135,7 @@ class Proc:
             pass
 
     def stop(self, grace_s: float = 8.0) -> None:
+        self.stopped = True
         if self.popen is None:
             return
         if self.popen.poll() is None:
@@ -92,6 +147,17 @@ class Proc:
         self.signal_group(signal.SIGKILL)  # stragglers of the group, if any
         if self.popen.poll() is None:
             self.popen.wait(timeout=10)
+
+
+def _last_byte(path: Path) -> bytes:
+    with path.open("rb") as f:
+        f.seek(-1, os.SEEK_END)
+        return f.read(1)
+
+
+def _report(line: str) -> None:
+    when = datetime.now(UTC).strftime("%H:%M:%S")
+    print(f"[cascade up {when}] {line}", file=sys.stderr, flush=True)
 
 
 def wait_serving(proc: Proc, timeout_s: float) -> None:
@@ -132,7 +198,24 @@ class LocalStack:
     worker_flags: dict[int, list[str]] = field(default_factory=dict)
     """Extra flags for worker i (fault-injection tests)."""
     python: str = sys.executable
+    engine: Literal["hf", "vllm"] = "hf"
+    """The rollout service's engine: `hf`, or `vllm` (run by `vllm_python`; see `cascade.engine.vllm_env`)."""
+    vllm: VllmEngineConfig = field(default_factory=VllmEngineConfig)
+    vllm_python: str = field(default_factory=lambda: str(vllm_env.default_python()))
+    supervise: bool = False
+    """Report and restart a process other than the learner that died (`cascade up` does)."""
+    restart_bound: RestartBound = field(default_factory=RestartBound)
+    reward_flags: list[str] = field(default_factory=list)
+    """Extra flags for the reward front (e.g. `--remote-domains`)."""
+    process_env: dict[str, str] = field(default_factory=dict)
+    """Set in every process's environment (e.g. `CASCADE_REWARD_*` settings of the Celery workers)."""
+    report: Callable[[str], None] = _report
+    """Where the supervisor's reports go (stderr, timestamped)."""
+    launch_extra: dict[str, Any] = field(default_factory=dict)
+    """More of `launch()` (the engine's flags: `cascade.cli_engine.engine_launch`)."""
     procs: dict[str, Proc] = field(default_factory=dict)
+    supervisor: Supervisor | None = None
+    _record_seen: int = 0
 
     def _env(self, **extra: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("CASCADE_REWARD_")}
@@ -142,13 +225,14 @@ class LocalStack:
             MKL_NUM_THREADS="1",
             TOKENIZERS_PARALLELISM="false",
             CASCADE_REWARD_BROKER_URL=self.redis_url,
-            **extra,
         )
+        env.update(self.process_env)
+        env.update(extra)
         return env
 
-    def _service(self, name: str, module: str, *flags: str) -> Proc:
+    def _service(self, name: str, module: str, *flags: str, python: str | None = None) -> Proc:
         port, metrics = free_port(), free_port()
-        argv = [self.python, "-m", module, "--host", "127.0.0.1", "--port", str(port)]
+        argv = [python or self.python, "-m", module, "--host", "127.0.0.1", "--port", str(port)]
         argv += ["--metrics-port", str(metrics), *flags]
         proc = Proc(name, argv, self.log_dir / f"{name}.log", port, metrics)
         self.procs[name] = proc
@@ -158,7 +242,13 @@ class LocalStack:
         """Rollout replica i (not started): `rollout` for 0, `rollout-<i>` after."""
         name = "rollout" if i == 0 else f"rollout-{i}"
         model = ("--model", str(self.model), "--torch-threads", "1")
-        return self._service(name, "services.rollout.main", *model)
+        if self.engine != "vllm":
+            return self._service(name, "services.rollout.main", *model)
+        flags = vllm_env.service_flags(self.vllm)
+        proc = self._service(name, "services.rollout.main", *model, *flags, python=self.vllm_python)
+        proc.env_extra = vllm_env.process_env(self.vllm_python)
+        proc.start_timeout_s = vllm_env.START_TIMEOUT_S
+        return proc
 
     def rollout_addresses(self) -> str:
         """Every rollout replica started, `host:port,host:port` (the learner's and workers' --rollout)."""
@@ -166,8 +256,11 @@ class LocalStack:
         return ",".join(self.procs[n].address for n in names)
 
     def start_services(self, timeout_s: float = 180.0) -> None:
+        if self.engine == "vllm":  # before any process starts: the fix named, not a dead service's log
+            vllm_env.check_python(self.vllm_python)
         rollouts = [self.rollout_service(i) for i in range(self.rollout_replicas)]
-        reward = self._service("reward", "services.reward.main", "--broker-url", self.redis_url)
+        reward_flags = ("--broker-url", self.redis_url, *self.reward_flags)
+        reward = self._service("reward", "services.reward.main", *reward_flags)
         teacher = self._service("teacher", "services.teacher.main", "--torch-threads", "1")
         for proc in (*rollouts, reward, teacher):
             proc.start(self._env(), self.nice)
@@ -179,7 +272,7 @@ class LocalStack:
             self.procs[proc.name] = proc
             proc.start(self._env(), self.nice)
         for proc in (*rollouts, reward, teacher):
-            wait_serving(proc, timeout_s)
+            wait_serving(proc, max(timeout_s, proc.start_timeout_s or 0.0))
 
     def worker(self, i: int) -> Proc:
         name = f"worker-{i}"
@@ -230,23 +323,85 @@ class LocalStack:
         self.start_learner()
 
     def wait(self, timeout_s: float | None = None, echo: bool = False) -> int:
-        """Until the learner exits (its return code); `echo`: copy its log lines to stdout."""
+        """Until the learner exits (its return code); `echo`: copy its log lines to stdout. With
+        `supervise`, the other processes are watched meanwhile (`GaveUp` past a restart bound).
+        `run.json` gets the stack's `launch` once the learner has written it."""
         learner = self.procs["learner"]
         assert learner.popen is not None
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        shown = 0
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        shown = learner.start_offset
         while True:
             if echo:
-                text = learner.log()
-                sys.stdout.write(text[shown:])
-                sys.stdout.flush()
-                shown = len(text)
+                shown = self._echo(learner, shown, decoder)
+            self.record_launch()
             code = learner.popen.poll()
             if code is not None:
+                if echo:
+                    self._echo(learner, shown, decoder)
                 return code
+            if self.supervise:
+                self.check()
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"learner still running after {timeout_s}s:\n{learner.log()[-3000:]}")
             time.sleep(0.2)
+
+    @staticmethod
+    def _echo(proc: Proc, shown: int, decoder: codecs.IncrementalDecoder) -> int:
+        """Copy what `proc` logged past byte `shown` to stdout; the new position."""
+        if not proc.log_path.exists():
+            return shown
+        with proc.log_path.open("rb") as f:
+            f.seek(shown)
+            data = f.read()
+        if data:
+            sys.stdout.write(decoder.decode(data))
+            sys.stdout.flush()
+        return shown + len(data)
+
+    def check(self) -> None:
+        """One supervision pass over every process but the learner (see `cascade.up_supervisor`)."""
+        if self.supervisor is None:
+            self.supervisor = Supervisor(self.restart_bound, restart=self._restart, report=self.report)
+        watched = [p for n, p in self.procs.items() if n != "learner" and not p.stopped and p.popen]
+        self.supervisor.check(watched)
+
+    def _restart(self, proc: Supervised) -> None:
+        assert isinstance(proc, Proc)
+        proc.signal_group(signal.SIGKILL)  # what the dead leader left of its group (pool children)
+        proc.start(self._env(), self.nice)
+
+    def launch(self) -> dict[str, Any]:
+        """`cascade up`'s flags that start this stack again (`run.json`'s `launch`)."""
+        from cascade.runner.record import public_url
+
+        return {
+            "redis_url": public_url(self.redis_url),
+            "stream_prefix": self.stream_prefix,
+            "workers": self.workers,
+            "celery_workers": self.celery_workers,
+            "rollout_replicas": self.rollout_replicas,
+            "learner_ranks": self.learner_ranks,
+            **self.launch_extra,
+            "log_dir": str(self.log_dir),
+            "nice": self.nice,
+            "no_follow": not self.follow,
+            "track": self.track,
+            "max_restarts": self.restart_bound.max_restarts,
+            "restart_window_s": self.restart_bound.window_s,
+        }
+
+    def record_launch(self) -> None:
+        """Write `launch()` into the run's `run.json` when the learner (re)wrote it."""
+        from cascade.runner.record import RECORD_FILE, record_launch
+
+        try:
+            mtime = (self.run_dir / RECORD_FILE).stat().st_mtime_ns
+        except FileNotFoundError:
+            return
+        if mtime != self._record_seen:
+            record_launch(self.run_dir, self.launch())
+            self._record_seen = (self.run_dir / RECORD_FILE).stat().st_mtime_ns
 
     def stop(self) -> None:
         order = ["learner", *sorted(n for n in self.procs if n.startswith("worker")), "teacher"]

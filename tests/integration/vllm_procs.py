@@ -19,22 +19,13 @@ from typing import Any
 
 import pytest
 
+from cascade.engine.vllm_env import ENGINE_ENV, START_TIMEOUT_S, default_venv
+
 REPO = Path(__file__).resolve().parents[2]
-VLLM_VENV = Path(os.environ.get("CASCADE_VLLM_VENV", REPO / ".venv-vllm"))
+VLLM_VENV = default_venv()
 VLLM_PYTHON = VLLM_VENV / "bin" / "python"
 DRIVER = Path(__file__).with_name("vllm_driver.py")
-START_TIMEOUT_S = 600.0
-"""Engine start: 20-45 s on an idle 2-core machine, several times that with the cores shared."""
-
-ENGINE_ENV = {
-    "VLLM_CPU_OMP_THREADS_BIND": "nobind",  # share the cores; never pin to ones others use
-    "OMP_NUM_THREADS": "1",
-    "VLLM_LOGGING_LEVEL": "WARNING",
-    "VLLM_NO_USAGE_STATS": "1",
-    "DO_NOT_TRACK": "1",
-    "TOKENIZERS_PARALLELISM": "false",
-    "HF_HUB_OFFLINE": "1",
-}
+__all__ = ["ENGINE_ENV", "START_TIMEOUT_S", "VLLM_PYTHON", "DriverError", "VllmDriver", "require_vllm_env"]
 
 
 def require_vllm_env() -> None:
