@@ -3,13 +3,21 @@
 The embedded runner and the distributed learner both write through this, so stage state,
 metrics, evals and checkpoints land in the same rows whether the database is the run's
 SQLite file or the control plane's Postgres.
+
+Every transaction of the loop goes through one `Dependency("database")` (`@_retried`): a
+database restart or failover is ridden out within `resilience.database_s`, then `DependencyDown`.
+So each method is one transaction that may be repeated after a failure whose commit in fact
+took effect: each is idempotent (a step, eval or checkpoint row is inserted only if absent, a
+transition to the current state is a no-op, the lease is taken by this runner's token).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from functools import wraps
 from pathlib import Path
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from pydantic import ValidationError
 from sqlalchemy import select
@@ -19,10 +27,12 @@ from sqlalchemy.orm import Session
 from cascade.config import CascadeConfig
 from cascade.config_diff import training_diff
 from cascade.evaluation import DomainEval
+from cascade.resilience import Dependency
 from cascade.store import db, leases, repo
 from cascade.store.leases import Holder, LeaseHeld
 from cascade.store.lifecycle import get_row
-from cascade.store.models import Cascade, Run, Stage
+from cascade.store.models import Cascade, Run, RunLease, Stage
+from cascade.store.transient import database_dependency
 
 ACTOR = "runner"
 
@@ -74,16 +84,47 @@ def stored_config(url: str, cascade_id: int) -> CascadeConfig:
         engine.dispose()
 
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _retried(method: Callable[Concatenate[RunStore, P], R]) -> Callable[Concatenate[RunStore, P], R]:
+    """The whole method (one transaction) again while the database is down, up to the bound."""
+
+    @wraps(method)
+    def call(self: RunStore, *args: P.args, **kwargs: P.kwargs) -> R:
+        return self.database.call(lambda: method(self, *args, **kwargs))
+
+    return call
+
+
+def _begun_by(s: Session, holder: Holder) -> dict[str, Any] | None:
+    """The ids of the run `holder` already began (its lease row names the run), if any."""
+    lease = s.scalars(select(RunLease).where(RunLease.token == holder.token)).one_or_none()
+    if lease is None or lease.run_id is None:
+        return None
+    stages = repo.list_stages(s, cascade_id=lease.cascade_id)
+    return {"cascade_id": lease.cascade_id, "run_id": lease.run_id, "stage_ids": [st.id for st in stages]}
+
+
 class RunStore:
-    def __init__(self, url: str) -> None:
+    def __init__(
+        self, url: str, *, give_up_after_s: float = 300.0, log: Callable[[str], None] = print
+    ) -> None:
+        """`give_up_after_s`: how long one database outage is ridden out (`resilience.database_s`)."""
         self.engine = db.make_engine(url)
         db.prepare_schema(self.engine)
+        self.database = database_dependency(give_up_after_s, log)
+        self.watched: list[Dependency] = [self.database]
+        """Dependencies whose ended outages `record_step` logs as `outage` events."""
+        self._outages_logged: dict[str, tuple[int, float]] = {}
         self.cascade_id: int | None = None
         self.run_id: int | None = None
         self.stage_ids: list[int] = []
 
     # ------------------------------------------------------------------ identity
 
+    @_retried
     def begin(
         self,
         cfg: CascadeConfig,
@@ -118,6 +159,10 @@ class RunStore:
     ) -> dict[str, Any]:
         expiry = cfg.lease.expiry_s
         with db.session_scope(self.engine) as s:
+            done = _begun_by(s, holder)
+            if done is not None:  # this begin committed already; its reply was lost
+                self.attach(done)
+                return done
             if cascade_id is None:
                 cascade = repo.create_cascade(s, name=cfg.name, config=cfg.model_dump(mode="json"))
                 stages = repo.create_stages(
@@ -145,6 +190,7 @@ class RunStore:
         self.attach(ids)
         return ids
 
+    @_retried
     def resume(self, ids: dict[str, Any], *, holder: Holder | None, expiry_s: float) -> None:
         """Attach to a run from its checkpoint and take its cascade's lease over (`LeaseHeld`
         while the previous runner is alive; `CascadeMismatch` if the run was closed meanwhile)."""
@@ -160,6 +206,8 @@ class RunStore:
                 )
             leases.acquire(s, cascade_id=cascade_id, run_id=run_id, holder=holder, expiry_s=expiry_s)
 
+    # not `_retried`: the heartbeat thread retries at its next beat, and a release during an
+    # outage would hold up the exit (an unreleased lease expires by itself)
     def renew_lease(self, token: str, expiry_s: float) -> bool:
         cascade_id, _ = self._ids()
         with db.session_scope(self.engine) as s:
@@ -182,6 +230,7 @@ class RunStore:
 
     # ------------------------------------------------------------------ stage state
 
+    @_retried
     def stage_started(self, index: int) -> None:
         with db.session_scope(self.engine) as s:
             stage = s.get(Stage, self.stage_ids[index])
@@ -189,6 +238,7 @@ class RunStore:
             if stage.state in ("pending", "paused"):
                 repo.transition_stage(s, stage_id=stage.id, to_state="running", actor=ACTOR)
 
+    @_retried
     def desired_state(self, index: int) -> str | None:
         """The operator's request for the stage; `aborted` too when the control plane aborted
         the stage itself (it does so for paused and pending stages)."""
@@ -210,6 +260,7 @@ class RunStore:
                 return command
             time.sleep(poll_s)
 
+    @_retried
     def acknowledge(self, index: int, state: str) -> None:
         """Apply an operator's pause or abort at this step boundary."""
         cascade_id, run_id = self._ids()
@@ -219,6 +270,7 @@ class RunStore:
                 repo.finish_run(s, run_id=run_id, status="aborted", actor=ACTOR)
                 repo.set_cascade_status(s, cascade_id=cascade_id, status="aborted", actor=ACTOR)
 
+    @_retried
     def stage_completed(self, index: int, *, stopped_by: str, steps: int) -> None:
         with db.session_scope(self.engine) as s:
             repo.transition_stage(
@@ -229,6 +281,7 @@ class RunStore:
                 detail={"stopped_by": stopped_by, "steps": steps},
             )
 
+    @_retried
     def stage_failed(self, index: int, *, reason: str) -> None:
         """The stage cannot go on (e.g. too many failed verifications): stage, run and cascade
         failed, with the reason in the event log."""
@@ -240,6 +293,7 @@ class RunStore:
             repo.finish_run(s, run_id=run_id, status="failed", actor=ACTOR, detail={"reason": reason})
             repo.set_cascade_status(s, cascade_id=cascade_id, status="failed", actor=ACTOR)
 
+    @_retried
     def finish(self, status: str) -> None:
         cascade_id, run_id = self._ids()
         with db.session_scope(self.engine) as s:
@@ -248,15 +302,20 @@ class RunStore:
 
     # ------------------------------------------------------------------ metrics
 
+    @_retried
     def truncate_after(self, global_step: int) -> None:
         _, run_id = self._ids()
         with db.session_scope(self.engine) as s:
             repo.discard_after(s, run_id=run_id, global_step=global_step)
 
+    @_retried
     def record_step(self, index: int, step: int, global_step: int, metrics: dict[str, Any]) -> None:
-        _, run_id = self._ids()
+        """The step's row, and an `outage` event for each watched dependency's outages that ended
+        since the last step (one transaction: a step written twice logs them once)."""
+        cascade_id, run_id = self._ids()
+        ended = self._ended_outages()
         with db.session_scope(self.engine) as s:
-            repo.record_step(
+            _, new = repo.record_step(
                 s,
                 run_id=run_id,
                 stage_id=self.stage_ids[index],
@@ -264,7 +323,37 @@ class RunStore:
                 global_step=global_step,
                 metrics=metrics,
             )
+            for name, (count, down_s, cause) in ended.items() if new else ():
+                repo.log_event(
+                    s,
+                    cascade_id=cascade_id,
+                    stage_id=self.stage_ids[index],
+                    kind="outage",
+                    actor=ACTOR,
+                    detail={
+                        "run_id": run_id,
+                        "dependency": name,
+                        "outages": count,
+                        "down_s": round(down_s, 3),
+                        "cause": cause,
+                        "global_step": global_step,
+                    },
+                )
+        for name, (count, down_s, _) in ended.items():
+            logged, logged_s = self._outages_logged.get(name, (0, 0.0))
+            self._outages_logged[name] = (logged + count, logged_s + down_s)
 
+    def _ended_outages(self) -> dict[str, tuple[int, float, str | None]]:
+        """name -> (outages ended, seconds down, a cause) since the last step row."""
+        out: dict[str, tuple[int, float, str | None]] = {}
+        for dep in self.watched:
+            count, down_s = self._outages_logged.get(dep.name, (0, 0.0))
+            ended = dep.stats.outages - count - (1 if dep.degraded else 0)
+            if ended > 0:
+                out[dep.name] = (ended, dep.stats.down_s - down_s, dep.cause)
+        return out
+
+    @_retried
     def record_eval(self, index: int, step: int, global_step: int, result: DomainEval) -> None:
         _, run_id = self._ids()
         with db.session_scope(self.engine) as s:
@@ -281,6 +370,7 @@ class RunStore:
                 metrics={name: m.to_dict() for name, m in result.metrics.items()},
             )
 
+    @_retried
     def record_checkpoint(self, index: int, step: int, global_step: int, path: Path) -> None:
         _, run_id = self._ids()
         index = min(index, len(self.stage_ids) - 1)
@@ -295,6 +385,7 @@ class RunStore:
                 kind="resume",
             )
 
+    @_retried
     def record_teacher(
         self, index: int, step: int, global_step: int, *, domain: str, score: float, path: Path
     ) -> None:
@@ -315,6 +406,7 @@ class RunStore:
 
     # ------------------------------------------------------------------ report
 
+    @_retried
     def write_report(self, out_dir: Path) -> None:
         from cascade.report import write_report
 

@@ -44,6 +44,7 @@ from cascade.evaluation import DomainEval, evaluate_domain
 from cascade.model.chat import encode_prompts
 from cascade.parallel.world import World
 from cascade.progress import RunProgress
+from cascade.resilience import resilience_metrics
 from cascade.rollout import PromptRequest, RolloutBatch, merge_chunks, request_seed
 from cascade.run_state import RunDirError, RunResult, RunState, rng_state_from_json, rng_state_to_json
 from cascade.run_store import RunStore
@@ -132,7 +133,7 @@ class CascadeRunner:
         self._prepare_run_dir(resume=resume, fresh=fresh)
         self.db_url = db_url or f"sqlite:///{(run_dir / 'cascade.db').resolve()}"
         try:
-            self.store = RunStore(self.db_url)
+            self.store = RunStore(self.db_url, give_up_after_s=self.cfg.resilience.database_s, log=self.log)
         except OperationalError as err:
             if not any(self.run_dir.iterdir()):
                 self.run_dir.rmdir()
@@ -419,6 +420,7 @@ class CascadeRunner:
             "reasons": batch.reason_counts(),
             **pushed,
             **self.sources.rollouts.stats(),
+            **resilience_metrics(self.store.watched),
         }
         self.store.record_step(self.state.stage_index, self.state.stage_step, self.state.global_step, metrics)
         with (self.run_dir / SAMPLES_LOG).open("a") as f:

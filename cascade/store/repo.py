@@ -94,20 +94,27 @@ def _run_and_stage(session: Session, run_id: int, stage_id: int) -> tuple[Run, S
 
 def record_step(
     session: Session, *, run_id: int, stage_id: int, step: int, global_step: int, metrics: Mapping[str, Any]
-) -> Step:
-    """Store one optimiser step's metrics (`step` counts updates in the stage, 1 = first).
+) -> tuple[Step, bool]:
+    """Store one optimiser step's metrics (`step` counts updates in the stage, 1 = first); the
+    row, and False when it was there already.
 
-    A second row for the same (run, stage, step) violates a unique constraint; after resuming
-    from a checkpoint, call `discard_after` first.
+    Insert if absent: a write repeated after a lost reply (`cascade.run_store`) finds its row and
+    leaves it. (Rows of steps redone after resuming from a checkpoint go first: `discard_after`.)
+    The unique constraint on (run, stage, step) refuses a second row whatever the caller did.
     """
     _, stage = _run_and_stage(session, run_id, stage_id)
+    existing = session.scalars(
+        select(Step).where(Step.run_id == run_id, Step.stage_id == stage_id, Step.step == step)
+    ).one_or_none()
+    if existing is not None:
+        return existing, False
     row = Step(
         run_id=run_id, stage_id=stage_id, step=step, global_step=global_step, metrics=json_safe(dict(metrics))
     )
     session.add(row)
     stage.steps_done = max(stage.steps_done, step)
     session.flush()
-    return row
+    return row, True
 
 
 def record_eval(
@@ -126,8 +133,16 @@ def record_eval(
     """Store one domain's eval. The cascade's start is the eval at step 0 of the first stage.
 
     `metrics`: metric name -> {"value", "low", "high", "n", "method"} (see `Eval.metrics`).
+    Insert if absent, as `record_step`: the (run, stage, step, domain) row already there is kept.
     """
     _run_and_stage(session, run_id, stage_id)
+    existing = session.scalars(
+        select(Eval).where(
+            Eval.run_id == run_id, Eval.stage_id == stage_id, Eval.step == step, Eval.domain == domain
+        )
+    ).one_or_none()
+    if existing is not None:
+        return existing
     value = json_safe(score)
     if not isinstance(value, int | float):
         raise ValueError(f"eval score must be a finite number, got {score!r}")
@@ -180,8 +195,24 @@ def record_checkpoint(
     domain: str | None = None,
     score: float | None = None,
 ) -> Checkpoint:
+    """One row per saved directory: the same checkpoint recorded again (same run, stage, kind, step
+    and path: a repeated write, or a pause right after the periodic save) is the row already there."""
     check_choice(kind, CHECKPOINT_KINDS, "checkpoint kind")
     _run_and_stage(session, run_id, stage_id)
+    existing = session.scalars(
+        select(Checkpoint)
+        .where(
+            Checkpoint.run_id == run_id,
+            Checkpoint.stage_id == stage_id,
+            Checkpoint.kind == kind,
+            Checkpoint.global_step == global_step,
+            Checkpoint.path == str(path),
+        )
+        .order_by(Checkpoint.id)
+        .limit(1)
+    ).first()
+    if existing is not None:
+        return existing
     row = Checkpoint(
         run_id=run_id,
         stage_id=stage_id,
