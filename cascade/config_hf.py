@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-AdapterName = Literal["gsm8k", "math", "mbpp", "humaneval", "ifeval", "swe", "generic"]
+AdapterName = Literal["gsm8k", "math", "mbpp", "humaneval", "ifeval", "swe", "bfcl", "generic"]
 
 ADAPTER_DOMAINS: dict[str, str | None] = {
     "gsm8k": "math",
@@ -21,6 +21,7 @@ ADAPTER_DOMAINS: dict[str, str | None] = {
     "humaneval": "code",
     "ifeval": "if",
     "swe": "swe",
+    "bfcl": "agent",
     "generic": None,
 }
 """The domain each adapter's problems are for (None: any, the mapping decides)."""

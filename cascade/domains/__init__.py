@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from cascade.config import (
+    AgentReward,
     CodeReward,
     DomainConfig,
     HfPrompts,
@@ -46,6 +47,7 @@ _DEFAULT_REWARDS: dict[str, Callable[[], object]] = {
     "if": IfReward,
     "swe": SweReward,
     "rlhf": lambda: None,  # validated: rlhf always names its reward (and is not bounded)
+    "agent": AgentReward,
 }
 
 
@@ -82,6 +84,11 @@ def _make_verifier(domain_config: DomainConfig) -> Domain:
             shaping=reward.shaping,
         )
         return RlhfDomain(scorer, baseline=reward.baseline)
+    if domain_config.name == "agent":
+        from cascade.domains.agent import AgentDomain
+
+        assert reward is None or isinstance(reward, AgentReward)
+        return AgentDomain(reward or AgentReward())
     raise ValueError(f"unknown domain {domain_config.name!r}")
 
 

@@ -27,6 +27,10 @@ express for our verifier raises `Unconvertible` (the loader skips and counts it)
   SWE-bench rows themselves (no file contents, Django-style ids, third-party dependencies) are
   not runnable here and keep the execution-free reward. The gold is not run at load time:
   a row whose gold fails its own tests scores 0 for every patch.
+- bfcl: the Berkeley Function-Calling Leaderboard's rows (`question`, `function` docs as JSON
+  schemas, `ground_truth` calls with accepted values per parameter; JSON text or values) ->
+  agent problems scored by matching calls (`cascade.domains.function_calls`); multi-turn rows
+  are unconvertible.
 - generic: the configured `fields` mapping.
 """
 
@@ -269,6 +273,20 @@ def _swe_execution(row: Row, files: list[tuple[str, str]], gold: Any) -> dict[st
     return {"repo_files": repo, "swe_tests": tests}
 
 
+# --------------------------------------------------------------------------- agent
+
+
+def _bfcl(row: Row, source: HfPrompts) -> Converted:
+    from cascade.domains.agent import default_format
+    from cascade.domains.function_calls import RowError, bfcl_row
+
+    try:
+        prompt, answer, meta = bfcl_row(row, default_format())
+    except RowError as err:
+        raise Unconvertible(str(err)) from None
+    return Converted(prompt, answer, meta, _optional_id(row, "id"))
+
+
 # --------------------------------------------------------------------------- if and generic
 
 
@@ -299,6 +317,7 @@ ADAPTERS: dict[str, Adapter] = {
     "humaneval": Adapter(("prompt", "test", "entry_point"), _humaneval),
     "ifeval": Adapter(("prompt", "instruction_id_list", "kwargs"), _ifeval),
     "swe": Adapter(("problem_statement", "patch"), _swe),
+    "bfcl": Adapter(("question", "function", "ground_truth"), _bfcl),
     "generic": Adapter((), _generic),
 }
 

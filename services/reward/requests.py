@@ -6,7 +6,15 @@ from __future__ import annotations
 import json
 from typing import Any, get_args
 
-from cascade.config import CodeReward, ConfigError, DomainConfig, DomainName, SweReward, parse_domain_config
+from cascade.config import (
+    AgentReward,
+    CodeReward,
+    ConfigError,
+    DomainConfig,
+    DomainName,
+    SweReward,
+    parse_domain_config,
+)
 from cascade.domains import Problem
 from cascade_proto.v1 import reward_pb2
 from services.reward.batch import Batch
@@ -64,7 +72,7 @@ def _sandboxed(config: DomainConfig) -> DomainConfig:
     """The service runs code only in the bubblewrap sandbox: `auto` means `bwrap` here, and the
     plain-process harness (not a security boundary) is refused."""
     reward = config.reward
-    if not isinstance(reward, CodeReward | SweReward) or reward.sandbox == "bwrap":
+    if not isinstance(reward, CodeReward | SweReward | AgentReward) or reward.sandbox == "bwrap":
         return config
     if reward.sandbox == "process":
         raise BadRequest(
