@@ -13,6 +13,8 @@ from collections.abc import Iterable
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
+from cascade.tools.template import TOOL_CHAT_TEMPLATE
+
 PAD = "<|endoftext|>"
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
@@ -59,6 +61,8 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 384) -> PreTrainedTo
         unk_token=None,
         additional_special_tokens=[IM_START, THINK_OPEN, THINK_CLOSE],
     )
-    fast.chat_template = CHAT_TEMPLATE
+    # The tool-aware superset (Qwen3's <tool_call>/<tool_response> convention): a conversation
+    # without tools renders exactly as CHAT_TEMPLATE renders it (tests/unit/test_tools.py).
+    fast.chat_template = TOOL_CHAT_TEMPLATE
     fast.padding_side = "left"
     return fast

@@ -246,3 +246,18 @@ def test_environment_offers_only_its_tools() -> None:
     env = ToolEnvironment(FMT, {}, tools=("calc",))
     assert [s["function"]["name"] for s in env.schemas] == ["calc"]
     assert env.step(_call("kv_get", key="fig")).outcomes[0].error == UNKNOWN_TOOL
+
+
+def test_tiny_tokenizer_carries_the_tool_template() -> None:
+    """`cascade model init`'s tokenizer: the format comes from its own apply_chat_template."""
+    from cascade.model.tokenizer import train_tokenizer
+    from cascade.tools.template import format_of_tokenizer
+
+    tokenizer = train_tokenizer(["What is fig? <tool_call> 1 2 3 </tool_call>"] * 20, vocab_size=300)
+    assert format_of_tokenizer(tokenizer) == FMT
+    chat = [{"role": "user", "content": "u"}]
+    plain = template_renderer(CHAT_TEMPLATE, False)(chat, None, True)
+    assert (
+        tokenizer.apply_chat_template(chat, add_generation_prompt=True, enable_thinking=False, tokenize=False)
+        == plain
+    )
