@@ -40,8 +40,8 @@ from cascade.config import AgentReward
 from cascade.domains.base import INFRA_ERROR, NO_ANSWER, OK, PARSE_ERROR, WRONG_ANSWER, Problem, RewardVerdict
 from cascade.domains.common import Candidate, generate_problems, strip_thinking
 from cascade.domains.function_calls import match_calls
-from cascade.domains.sandbox import BwrapSettings, SandboxLimits
-from cascade.tools.builtin import PythonTool
+from cascade.domains.sandbox import BwrapSettings, SandboxLimits, resolve_backend
+from cascade.tools.builtin import PythonTool, ToolUnavailable
 from cascade.tools.environment import (
     ERROR_PREFIX,
     EpisodeStats,
@@ -196,6 +196,11 @@ class AgentDomain:
     def make_problems(self, split: str, n: int, seed: int) -> list[Problem]:
         return generate_problems(self.name, split, n, seed, draw_agent_problem)
 
+    def prepare(self) -> None:
+        """With the python tool: start the sandbox now (`SandboxUnavailable` says what is missing)."""
+        if self.python is not None:
+            resolve_backend(self.python.backend, 1, self.python.settings)
+
     def environment(self, problem: Problem) -> ToolEnvironment:
         """A fresh environment for `problem` (what the turn loop and the verifier both run)."""
         tools = list(problem.meta.get("tools", TOOLS))
@@ -223,7 +228,11 @@ class AgentDomain:
         except (TypeError, ValueError) as err:
             self.last_stats.append(EpisodeStats())
             return RewardVerdict(0.0, INFRA_ERROR, f"problem {problem.id}: {err}")
-        episode = replay(completion, env)
+        try:
+            episode = replay(completion, env)
+        except ToolUnavailable as err:
+            self.last_stats.append(env.stats)
+            return RewardVerdict(0.0, INFRA_ERROR, str(err))
         self.last_stats.append(env.stats)
         return self._judge(problem, episode, env)
 

@@ -14,7 +14,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from cascade.domains.sandbox import OK, WRONG_ANSWER, BwrapSettings, Job, SandboxLimits, run_jobs
+from cascade.domains.sandbox import (
+    INFRA_ERROR,
+    OK,
+    WRONG_ANSWER,
+    BwrapSettings,
+    Job,
+    SandboxLimits,
+    run_jobs,
+)
+from cascade.sandbox.pool import SandboxUnavailable
 from cascade.tools.calculator import CalcError, calculate
 
 MAX_KEY_CHARS = 32
@@ -24,6 +33,11 @@ MAX_VALUE = 10**12
 
 class ToolError(Exception):
     """The call was well formed but failed; the message is the tool's response."""
+
+
+class ToolUnavailable(RuntimeError):
+    """The tool itself could not run (the sandbox failed or is missing): not the model's doing,
+    so never a response; the episode is an infrastructure failure (a verdict `infra_error`)."""
 
 
 class Tool(Protocol):
@@ -156,7 +170,12 @@ class PythonTool:
 
     def run(self, arguments: Mapping[str, Any]) -> str:
         job = Job(arguments["code"], [{"stdin": "", "stdout": ""}], None)
-        result = run_jobs([job], self.limits, workers=1, backend=self.backend, settings=self.settings)[0]
+        try:
+            result = run_jobs([job], self.limits, workers=1, backend=self.backend, settings=self.settings)[0]
+        except SandboxUnavailable as err:
+            raise ToolUnavailable(f"python: {err}") from None
+        if result.status == INFRA_ERROR:
+            raise ToolUnavailable(f"python: the sandbox failed: {result.detail[:200]}")
         if result.status == OK:
             return ""
         if result.status != WRONG_ANSWER:

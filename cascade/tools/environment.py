@@ -9,6 +9,9 @@ string name and an object of arguments, or a call left unclosed), `unknown_tool`
 call's text over `max_call_chars`; it is not parsed), `too_many_calls_turn`,
 `too_many_calls_episode` (calls past the limits are answered with the error, not run).
 
+A tool that cannot run at all (`ToolUnavailable`: the sandbox is missing or failed) raises: that
+is the infrastructure's failure, not a response the model earned.
+
 A turn with no call attempt is the episode's final answer. Calls inside the reasoning block
 (`<think>...</think>`) are not calls. The state is a `KeyValueStore` built from the problem's
 initial values, so an episode replays exactly from the same problem and the same turns.
@@ -63,6 +66,21 @@ class EpisodeStats:
         out["malformed_calls"] = float(sum(self.malformed.values()))
         out |= {f"malformed_{kind}": float(self.malformed[kind]) for kind in MALFORMED_KINDS}
         return out
+
+
+def episode_metrics(episodes: Sequence[EpisodeStats]) -> dict[str, float]:
+    """Per-batch metrics: means per episode of every count, and the share of call attempts
+    that were malformed or failed (0 when there was no attempt)."""
+    if not episodes:
+        return {}
+    totals: Counter[str] = Counter()
+    for stats in episodes:
+        totals.update(stats.as_metrics())
+    out = {f"{name}_per_episode": value / len(episodes) for name, value in sorted(totals.items())}
+    attempts = totals["calls"] + totals["malformed_calls"]
+    out["malformed_call_rate"] = totals["malformed_calls"] / attempts if attempts else 0.0
+    out["tool_error_rate"] = totals["tool_errors"] / attempts if attempts else 0.0
+    return out
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,11 @@ import pytest
 from cascade.config import AgentReward, ConfigError, DomainConfig, parse_domain_config
 from cascade.domains import load_problems, make_domain
 from cascade.domains.agent import AgentDomain, default_format, make_store, render_trace
-from cascade.domains.base import OK, WRONG_ANSWER
-from cascade.tools.environment import BAD_JSON
+from cascade.domains.base import INFRA_ERROR, OK, WRONG_ANSWER
+from cascade.domains.sandbox import BwrapSettings, SandboxLimits
+from cascade.sandbox.pool import SandboxUnavailable
+from cascade.tools.builtin import PythonTool, ToolUnavailable
+from cascade.tools.environment import BAD_JSON, episode_metrics
 from cascade.tools.template import ToolCallText
 
 FMT = default_format()
@@ -133,3 +136,29 @@ def test_python_tool_runs_in_the_sandbox() -> None:
         text += turn + (FMT.env_text(step.responses) if n < len(turns) - 1 else "")
     assert "\n4\n" in text
     assert d.score_batch([p], [text])[0].reason == OK
+
+
+def test_episode_metrics_over_a_batch() -> None:
+    d = AgentDomain()
+    problems = d.make_problems("sft", 4, seed=5)
+    completions = [p.answer for p in problems[:3]] + ["<tool_call>\nnope\n</tool_call>"]
+    d.score_batch(problems, completions)
+    metrics = episode_metrics(d.last_stats)
+    calls = sum(sum(len(m.get("tool_calls", [])) for m in p.meta["trace"]) for p in problems[:3])
+    assert metrics["calls_per_episode"] == calls / 4
+    assert metrics["malformed_calls_per_episode"] == 1 / 4
+    assert metrics["malformed_call_rate"] == 1 / (calls + 1)
+    assert episode_metrics([]) == {}
+
+
+def test_a_sandbox_that_cannot_run_is_infra_error_not_a_response() -> None:
+    d = AgentDomain(AgentReward(python_tool=True))
+    d.python = PythonTool(SandboxLimits(), "bwrap", BwrapSettings(bwrap="/nonexistent/bwrap"))
+    p = d.make_problems("train", 1, seed=0)[0]
+    env = d.environment(p)
+    with pytest.raises(ToolUnavailable, match="python"):
+        env.step(_call("python", code="print(1)"))
+    verdict = d.score_batch([p], [_call("python", code="print(1)") + FMT.env_text(["1"]) + "1"])[0]
+    assert verdict.reason == INFRA_ERROR
+    with pytest.raises(SandboxUnavailable):
+        d.prepare()
