@@ -74,18 +74,22 @@ def save_checkpoint(
     tmp = path.with_name(path.name + ".tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
-    save_model_dir(policy, tmp)
-    meta: dict[str, Any] | None = None
-    if optimizer is not None:
-        tensors, meta = _optimizer_tensors(optimizer)
-        save_file(tensors, str(tmp / OPTIM_FILE))
-    if write_shards is not None:
-        write_shards(tmp)
-    save_file(
-        {"generator": generator.get_state(), "torch_cpu": torch.get_rng_state()},
-        str(tmp / RNG_FILE),
-    )
-    (tmp / STATE_FILE).write_text(json.dumps({"runner": runner_state, "optimizer": meta}, indent=1))
+    try:
+        save_model_dir(policy, tmp)
+        meta: dict[str, Any] | None = None
+        if optimizer is not None:
+            tensors, meta = _optimizer_tensors(optimizer)
+            save_file(tensors, str(tmp / OPTIM_FILE))
+        if write_shards is not None:
+            write_shards(tmp)
+        save_file(
+            {"generator": generator.get_state(), "torch_cpu": torch.get_rng_state()},
+            str(tmp / RNG_FILE),
+        )
+        (tmp / STATE_FILE).write_text(json.dumps({"runner": runner_state, "optimizer": meta}, indent=1))
+    except BaseException:  # e.g. ENOSPC: the half-written `.tmp` goes, the last checkpoint stays
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if path.exists():
         shutil.rmtree(path)
     tmp.rename(path)

@@ -33,6 +33,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
             status = 2
             continue
         problems = [] if args.schema_only else check_paths(cfg) + check_tracking(cfg.tracking)
+        if not args.schema_only:
+            from cascade.step_memory import step_memory_problems
+
+            problems += step_memory_problems(cfg)
         for problem in problems:
             print(f"error: {path}: {problem}", file=sys.stderr)
         if problems:
@@ -181,6 +185,14 @@ def _run_embedded(args: argparse.Namespace, cfg, run_dir: Path, world) -> int:
         hint = resume_command(args.config, run_dir, read_record(run_dir), embedded=True)
         print(f"interrupted; continue with: {hint}", file=sys.stderr)
         return 130
+    except Exception as err:
+        if not _is_outage(err):
+            raise
+        progress.stop()  # a database, disk or Redis error: what broke, and how to go on once it is back
+        hint = resume_command(args.config, run_dir, read_record(run_dir), embedded=True)
+        print(f"error: the run stopped: {_one_line(err)}", file=sys.stderr)
+        print(f"continue with (once that is fixed): {hint}", file=sys.stderr)
+        return 1
     if result.stopped_by == "aborted":
         print("run aborted by an operator", file=sys.stderr)
         return 0
@@ -192,11 +204,30 @@ def _run_embedded(args: argparse.Namespace, cfg, run_dir: Path, world) -> int:
         return 1
     if result.stopped_by in ("paused", "interrupted"):
         hint = resume_command(args.config, run_dir, read_record(run_dir), embedded=True)
+        if result.stopped_by == "paused":  # the pause is state: a resumed runner waits until it is lifted
+            hint += "   (after `cascade stage resume`; or add --follow to wait for it)"
         print(f"run {result.stopped_by}; continue with: {hint}", file=sys.stderr)
         return 0
     print_regression_table(result.report_dir)
     print(f"report: {result.report_dir}")
     return 0
+
+
+def _is_outage(err: BaseException) -> bool:
+    """An error of what the run depends on (database, disk, Redis), not of the code: the run
+    resumes from its last checkpoint once it is fixed."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from cascade.resilience import DependencyDown
+
+    if isinstance(err, OSError | SQLAlchemyError | DependencyDown):
+        return True
+    return any(cls.__module__.startswith("redis") for cls in type(err).__mro__)
+
+
+def _one_line(err: BaseException) -> str:
+    text = str(getattr(err, "orig", None) or err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0] if text else ''}"
 
 
 def cmd_model_init(args: argparse.Namespace) -> int:

@@ -31,12 +31,12 @@ from cascade.resilience import Dependency
 from cascade.store import db, leases, repo
 from cascade.store.leases import Holder, LeaseHeld
 from cascade.store.lifecycle import get_row
-from cascade.store.models import Cascade, Run, RunLease, Stage
+from cascade.store.models import Cascade, Run, RunLease, Stage, utcnow
 from cascade.store.transient import database_dependency
 
 ACTOR = "runner"
 
-__all__ = ["CascadeMismatch", "LeaseHeld", "RunStore", "stored_config"]
+__all__ = ["CascadeHasHistory", "CascadeMismatch", "LeaseHeld", "RunStore", "stored_config"]
 
 
 class CascadeMismatch(ValueError):
@@ -69,6 +69,22 @@ def _existing_cascade(s: Session, cascade_id: int, cfg: CascadeConfig) -> tuple[
             f"config (leave the YAML out: `cascade run --db ... --cascade-id {cascade_id}`)"
         )
     return cascade, stages
+
+
+class CascadeHasHistory(CascadeMismatch):
+    """A cascade that was run before is joined only by `--resume` (its run goes on) or `--fresh`
+    (a new run starts the unfinished stage over): never silently."""
+
+
+def _refuse_history(s: Session, cascade_id: int) -> None:
+    last = s.scalars(select(Run).where(Run.cascade_id == cascade_id).order_by(Run.id.desc())).first()
+    if last is None:
+        return
+    raise CascadeHasHistory(
+        f"cascade {cascade_id} was run before (run {last.id}, {last.status}, run dir {last.output_dir}): "
+        f"pass --resume with that --run-dir to continue it, or --fresh to start its unfinished stage "
+        "over in a new run"
+    )
 
 
 def stored_config(url: str, cascade_id: int) -> CascadeConfig:
@@ -134,18 +150,32 @@ class RunStore:
         cascade_id: int | None = None,
         kind: str = "embedded",
         holder: Holder,
+        rejoin: bool = False,
     ) -> dict[str, Any]:
         """Create the run's rows and take the cascade's lease, in one transaction; with
         `cascade_id`, run a cascade the control plane created (`LeaseHeld` if a live runner
-        has it). Runs of the cascade left `running` by dead runners are closed as failed."""
+        has it; `CascadeHasHistory` if it was run before, unless `rejoin`: `--fresh`). Runs of
+        the cascade left `running` by dead runners are closed as failed."""
+        kwargs: dict[str, Any] = dict(
+            run_dir=run_dir, distill=distill, cascade_id=cascade_id, kind=kind, holder=holder, rejoin=rejoin
+        )
         try:
-            return self._begin(
-                cfg, run_dir=run_dir, distill=distill, cascade_id=cascade_id, kind=kind, holder=holder
-            )
+            return self._begin(cfg, **kwargs)
         except IntegrityError:  # another runner inserted the lease row first
-            return self._begin(
-                cfg, run_dir=run_dir, distill=distill, cascade_id=cascade_id, kind=kind, holder=holder
-            )
+            return self._begin(cfg, **kwargs)
+
+    def check_joinable(self, cfg: CascadeConfig, *, cascade_id: int | None) -> None:
+        """What `begin` would refuse, checked without writing anything (`--fresh` checks it before
+        it moves the old run aside): `CascadeMismatch` for a cascade that cannot be run,
+        `LeaseHeld` while a live runner holds it."""
+        if cascade_id is None:
+            return
+        with db.session_scope(self.engine) as s:
+            _existing_cascade(s, cascade_id, cfg)
+            lease = leases.lease_of(s, cascade_id)
+            now = utcnow()
+            if lease is not None and not leases.holder_is_dead(lease, now):
+                raise LeaseHeld(lease, now)
 
     def _begin(
         self,
@@ -156,6 +186,7 @@ class RunStore:
         cascade_id: int | None,
         kind: str,
         holder: Holder,
+        rejoin: bool,
     ) -> dict[str, Any]:
         expiry = cfg.lease.expiry_s
         with db.session_scope(self.engine) as s:
@@ -171,6 +202,8 @@ class RunStore:
             else:
                 cascade, stages = _existing_cascade(s, cascade_id, cfg)
             leases.acquire(s, cascade_id=cascade.id, run_id=None, holder=holder, expiry_s=expiry)
+            if cascade_id is not None and not rejoin:  # after the lease: a live holder is named first
+                _refuse_history(s, cascade_id)
             for old in s.scalars(select(Run).where(Run.cascade_id == cascade.id, Run.status == "running")):
                 repo.finish_run(
                     s, run_id=old.id, status="failed", actor=ACTOR, detail={"reason": "superseded"}
@@ -247,6 +280,16 @@ class RunStore:
                 select(Stage.state, Stage.desired_state).where(Stage.id == self.stage_ids[index])
             ).one()
             return "aborted" if row.state == "aborted" else row.desired_state
+
+    @_retried
+    def held_paused(self, index: int) -> bool:
+        """The stage is paused by an operator and not (yet) asked to resume: a runner that
+        resumes it waits instead of running it (a pause outlives the runner that applied it)."""
+        with db.session_scope(self.engine) as s:
+            row = s.execute(
+                select(Stage.state, Stage.desired_state).where(Stage.id == self.stage_ids[index])
+            ).one()
+            return bool(row.state == "paused" and row.desired_state not in ("running", "completed"))
 
     def wait_while_paused(self, index: int, poll_s: float) -> str:
         """Block until an operator resumes the paused stage (returns `running`, after moving it

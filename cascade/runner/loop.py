@@ -49,12 +49,14 @@ from cascade.rollout import PromptRequest, RolloutBatch, merge_chunks, request_s
 from cascade.run_state import RunDirError, RunResult, RunState, rng_state_from_json, rng_state_to_json
 from cascade.run_store import RunStore
 from cascade.runner.distill import DistillData, DistillJob, fetch_distill
+from cascade.runner.fresh import check_is_run_dir, check_not_held, move_aside
 from cascade.runner.lease import LeaseKeeper
 from cascade.runner.planning import distill_seed, plan_requests
 from cascade.runner.record import RunRecord, read_record, write_record
 from cascade.runner.sources import RunSources
 from cascade.runner.training import PolicyTrainer, make_trainer
 from cascade.runner.update import UpdateRequest
+from cascade.step_memory import step_memory_problems
 from cascade.store.leases import Holder
 from cascade.tracking import Tracker
 from cascade.trainer import VerifierFailureError, plan_rl
@@ -106,6 +108,9 @@ class CascadeRunner:
         self.world = world or World()
         self.accel = self.world.place(resolve_learner(config.learner, config.model.dtype))
         """The device and precision policy (a device this host lacks fails here, before any write)."""
+        too_big = step_memory_problems(config, str(self.accel.device), ranks=self.world.size)
+        if too_big:  # a step that cannot fit: refused before anything is written
+            raise RunDirError(too_big[0])
         self.trainer: PolicyTrainer = make_trainer(self.world, self.accel, config.model.dtype)
         self.sources = sources
         self.cascade_id = cascade_id
@@ -130,14 +135,17 @@ class CascadeRunner:
         """Experiment tracking (`cascade.tracking`): does nothing unless `tracking.backends` names one;
         a backend whose library is missing fails here, before anything is written."""
         self.previous = read_record(run_dir) if resume else None
-        self._prepare_run_dir(resume=resume, fresh=fresh)
+        self.fresh = fresh
         self.db_url = db_url or f"sqlite:///{(run_dir / 'cascade.db').resolve()}"
-        try:
-            self.store = RunStore(self.db_url, give_up_after_s=self.cfg.resilience.database_s, log=self.log)
-        except OperationalError as err:
-            if not any(self.run_dir.iterdir()):
-                self.run_dir.rmdir()
-            raise RunDirError(f"cannot open the database: {str(err.orig).strip().splitlines()[0]}") from None
+        store: RunStore | None = None
+        if fresh:  # every check before the old run is moved aside (`cascade.runner.fresh`)
+            check_is_run_dir(run_dir)
+            check_not_held(run_dir, db_url)
+            if db_url is not None:
+                store = self._open_store()
+                store.check_joinable(config, cascade_id=cascade_id)
+        self._prepare_run_dir(resume=resume, fresh=fresh)
+        self.store = store or self._open_store()
         self.domains: dict[str, Domain] = domains or {d.name: make_domain(d) for d in config.domains}
         self.train_problems: dict[str, list[Problem]] = {}
         self.eval_problems: dict[str, list[Problem]] = {}
@@ -166,9 +174,17 @@ class CascadeRunner:
 
     # ------------------------------------------------------------------ set-up
 
+    def _open_store(self) -> RunStore:
+        try:
+            return RunStore(self.db_url, give_up_after_s=self.cfg.resilience.database_s, log=self.log)
+        except OperationalError as err:
+            if self.run_dir.is_dir() and not any(self.run_dir.iterdir()):
+                self.run_dir.rmdir()
+            raise RunDirError(f"cannot open the database: {str(err.orig).strip().splitlines()[0]}") from None
+
     def _prepare_run_dir(self, *, resume: bool, fresh: bool) -> None:
-        if self.run_dir.exists() and fresh:
-            shutil.rmtree(self.run_dir)
+        if fresh:
+            move_aside(self.run_dir, self.log)
         if self.run_dir.exists() and any(self.run_dir.iterdir()) and not resume:
             raise RunDirError(
                 f"{self.run_dir} already holds a run: pass --resume to continue it or --fresh to start over"
@@ -214,6 +230,7 @@ class CascadeRunner:
                 cascade_id=self.cascade_id,
                 kind=self.sources.rollouts.kind,
                 holder=self.holder,
+                rejoin=self.fresh,
             )
         if self.state.finished:  # nothing to train: only the report is written again
             return
@@ -297,7 +314,11 @@ class CascadeRunner:
                 self.resume_from = None
             if resuming and self.state.stage_started:
                 tracker.load_state_dict(self.state.tracker)
-                self.store.stage_started(i)  # a stage paused by an operator runs again
+                if self.store.held_paused(i):  # an operator's pause outlives the runner that applied it
+                    held = self._stay_paused(i, stage)
+                    if held is not None:
+                        return held
+                self.store.stage_started(i)  # a stage an operator resumed meanwhile runs again
             else:
                 self.state.stage_started = True
                 self.store.stage_started(i)
@@ -368,6 +389,19 @@ class CascadeRunner:
         self.state.finished = True
         self._checkpoint(None)
         return self._finish("completed")
+
+    def _stay_paused(self, i: int, stage: StageConfig) -> RunResult | None:
+        """A resumed runner of a stage an operator paused: with `follow`, wait for the resume
+        (None: go on) or the abort; without, stop as paused (the stage stays paused)."""
+        self.log(f"stage '{stage.label}' is paused by an operator: it stays paused until it is resumed")
+        if not self.follow:
+            return self._finish("paused", write_report=False)
+        command = self.store.wait_while_paused(i, self.poll_s)
+        if command == "running":
+            self.log(f"stage '{stage.label}' resumed by operator")
+            return None
+        self.store.acknowledge(i, command)
+        return self._finish(command, write_report=False)
 
     def _teacher_domains(self, stage_index: int) -> list[str]:
         if not self.distill:

@@ -48,11 +48,14 @@ def stage_out(stage: Stage, cascade: Cascade | None = None) -> schemas.StageOut:
 
 def run_out(run: Run, lease: RunLease | None = None, stages: list[Stage] | None = None) -> schemas.RunOut:
     """The run as stored, with `stalled` derived from the cascade's lease: a running run whose
-    stage is running but that no live runner holds."""
+    stage is running but that no live runner holds, or whose stage is paused and whose runner
+    died holding it (a runner that stopped cleanly at the pause released its lease)."""
     mine = lease if lease is not None and lease.run_id == run.id else None
     live = leases.is_live(mine)
     status = run.status
-    if status == "running" and not live and any(s.state == "running" for s in stages or []):
+    states = {s.state for s in stages or []}
+    died_paused = "paused" in states and mine is not None
+    if status == "running" and not live and ("running" in states or died_paused):
         status = "stalled"
     holder = None
     if live and mine is not None and run.status == "running":  # a closed run's runner is on its way out

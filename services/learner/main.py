@@ -190,7 +190,7 @@ def _drive(args: argparse.Namespace, cfg: Any, world: Any) -> int:
             on_step=metrics.observe,
             world=world,
         )
-    except (RunDirError, CascadeMismatch, ValueError) as err:  # ValueError: also a DeviceError
+    except (RunDirError, CascadeMismatch, LeaseHeld, ValueError) as err:  # ValueError: also a DeviceError
         http.shutdown()
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -198,13 +198,15 @@ def test_existing_run_dir_is_refused(main_run: dict[str, Any]) -> None:
     assert sorted(p.name for p in run_dir.iterdir()) == before
 
 
-def test_fresh_clears_the_run_dir(e2e, tmp_path: Path) -> None:
+def test_fresh_moves_the_old_run_aside(e2e, tmp_path: Path) -> None:
     cfg = e2e.config(tmp_path)
     run_dir = tmp_path / "runs" / "e2e"
-    run_dir.mkdir(parents=True)
+    (run_dir / "checkpoints").mkdir(parents=True)
     (run_dir / "stale.txt").write_text("old")
     embedded_runner(cfg, run_dir=run_dir, fresh=True, log=lambda _: None)
     assert not (run_dir / "stale.txt").exists()
+    [old] = run_dir.parent.glob("e2e.old-*")
+    assert (old / "stale.txt").read_text() == "old"  # nothing deleted
 
 
 # --------------------------------------------------------------------------- ablation

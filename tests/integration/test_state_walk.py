@@ -88,9 +88,14 @@ class CascadeWalk(RuleBasedStateMachine):
     @rule()
     def runner_joins(self) -> None:
         holder = Holder.this_process(uuid.uuid4().hex)
-        try:
+        try:  # a cascade with history is joined only with --resume or --fresh: this one says --fresh
             self.ids = self.store.begin(
-                self.cfg, run_dir=self.dir, distill=True, cascade_id=self.cascade_id, holder=holder
+                self.cfg,
+                run_dir=self.dir,
+                distill=True,
+                cascade_id=self.cascade_id,
+                holder=holder,
+                rejoin=True,
             )
         except Exception as err:  # a finished or aborted cascade refuses new runners
             assert "is aborted" in str(err) or "is completed" in str(err), err
@@ -109,6 +114,8 @@ class CascadeWalk(RuleBasedStateMachine):
             self.ids = None
             return
         self.runner = holder
+        if self.index < len(self.stage_ids) and self.store.held_paused(self.index):
+            return  # an operator's pause outlives the runner: the resumed one waits, paused
         if self.index < len(self.stage_ids) and self._stage_state(self.index) in (
             "pending",
             "paused",
@@ -167,7 +174,9 @@ class CascadeWalk(RuleBasedStateMachine):
     def shown_state_is_coherent(self) -> None:
         with db.session_scope(self.store.engine) as s:
             detail = queries.cascade_detail(s, self.cascade_id)
-            live = leases.is_live(leases.lease_of(s, self.cascade_id))
+            lease = leases.lease_of(s, self.cascade_id)
+            live = leases.is_live(lease)
+            dead_holder_of = lease.run_id if lease is not None and not live else None
         states = [st.state for st in detail.stages]
         active = [x for x in states if x in ("running", "paused")]
         assert len(active) <= 1, states
@@ -192,10 +201,12 @@ class CascadeWalk(RuleBasedStateMachine):
                     assert live or any(r.status == "stalled" for r in detail.runs)
         for run in detail.runs:
             assert run.status in ("running", "stalled", "completed", "failed", "aborted")
-            if run.status == "stalled":
-                assert not live and "running" in states and run.holder is None
+            if run.status == "stalled":  # running, or paused with its runner dead
+                assert not live and ("running" in states or "paused" in states) and run.holder is None
             if run.status == "running" and "running" in states:
                 assert live and run.holder is not None  # never "running" with nobody running it
+            if run.status == "running" and "paused" in states and not live:
+                assert dead_holder_of != run.id  # a dead paused runner shows stalled
             if run.status in ("completed", "failed", "aborted"):
                 assert run.holder is None
         if detail.status in TERMINAL_STAGE_STATES and not live:

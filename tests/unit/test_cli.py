@@ -212,10 +212,10 @@ def test_fresh_asks_in_a_terminal(tmp_path: Path) -> None:
     (run_dir / "cascade.db").write_text("")
     asked: list[str] = []
     assert confirm_fresh(run_dir, yes=False, interactive=True, ask=lambda q: asked.append(q) or "yes") is None
-    assert "deletes the run" in asked[0]
+    assert "moves the run" in asked[0] and "aside" in asked[0]
     assert (
         confirm_fresh(run_dir, yes=False, interactive=True, ask=lambda q: "n")
-        == "not confirmed: nothing deleted"
+        == "not confirmed: nothing moved"
     )
     assert "--yes" in (confirm_fresh(run_dir, yes=False, interactive=False) or "")
     assert confirm_fresh(run_dir, yes=True, interactive=False) is None
