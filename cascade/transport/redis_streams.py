@@ -8,6 +8,11 @@ have been idle for `claim_idle_ms`. Delivery is at-least-once, so the learner dr
 sample ids it has already taken (`SeenSet`, a Redis set: SADD says whether an id is new).
 
 Messages are one JSON object each, in the field `data`.
+
+Redis restarting is an outage of `TRANSIENT` errors (callers retry them through
+`cascade.resilience.Dependency`); a Redis restarted without persistence has lost the streams and
+their groups: `StreamGroup.resets` counts how often a read found them gone, so the learner knows
+to make them again and re-issue what it still waits for.
 """
 
 from __future__ import annotations
@@ -20,6 +25,10 @@ from typing import Any
 import redis
 
 DATA = "data"
+
+TRANSIENT: tuple[type[BaseException], ...] = (redis.ConnectionError, redis.TimeoutError)
+"""Redis unreachable, restarting or still loading its data: worth retrying (a `ResponseError`
+is a refused command, never retried)."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +73,9 @@ class StreamGroup:
         self.stream = stream
         self.group = group
         self.consumer = consumer
+        self.resets = 0
+        """Reads and claims that found the stream or the group gone (deleted, or Redis restarted
+        without persistence)."""
         self.ensure_group()
 
     def ensure_group(self, *, mkstream: bool = True) -> bool:
@@ -98,6 +110,7 @@ class StreamGroup:
         except redis.ResponseError as err:
             if not _was_reset(err):
                 raise
+            self.resets += 1
             if not self._after_reset() and block_ms:
                 time.sleep(block_ms / 1000)  # nothing to block on until the stream is back
             return []
@@ -118,6 +131,7 @@ class StreamGroup:
         except redis.ResponseError as err:
             if not _was_reset(err):
                 raise
+            self.resets += 1
             self._after_reset()
             return []
         entries = reply[1]

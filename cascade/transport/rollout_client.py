@@ -16,6 +16,7 @@ import torch
 from cascade.engine.base import EngineInfo, SamplingSettings, VersionedGeneration, WeightUpdate
 from cascade.engine.hf import Generation
 from cascade.engine.weights import DTYPES
+from cascade.transport.channel import open_channel
 from cascade_proto.v1 import rollout_pb2 as pb
 from cascade_proto.v1 import rollout_pb2_grpc as pb_grpc
 
@@ -34,7 +35,7 @@ class RemoteGeneration:
 class RolloutClient:
     def __init__(self, target: str | grpc.Channel, *, timeout_s: float = 600.0) -> None:
         self._own = isinstance(target, str)
-        self.channel = grpc.insecure_channel(target) if isinstance(target, str) else target
+        self.channel = open_channel(target) if isinstance(target, str) else target
         self.stub = pb_grpc.RolloutServiceStub(self.channel)
         self.timeout_s = timeout_s
 
@@ -71,9 +72,9 @@ class RolloutClient:
         )
         return WeightUpdate(reply.version, reply.seconds, reply.bytes, "streamed weights")
 
-    def model_info(self) -> tuple[EngineInfo, int]:
-        """What is served and its current policy version."""
-        info = self.stub.GetModelInfo(pb.ModelInfoRequest(), timeout=self.timeout_s)
+    def model_info(self, *, timeout_s: float | None = None) -> tuple[EngineInfo, int]:
+        """What is served and its current policy version (`timeout_s`: a quick probe's)."""
+        info = self.stub.GetModelInfo(pb.ModelInfoRequest(), timeout=timeout_s or self.timeout_s)
         engine = EngineInfo(
             kind=info.engine,
             model=info.model,

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from cascade.engine.scoring import Mode, SequenceScores
+from cascade.transport.channel import open_channel
 from cascade_proto.v1 import teacher_pb2 as pb
 from cascade_proto.v1 import teacher_pb2_grpc as pb_grpc
 
@@ -28,7 +29,7 @@ class TeacherReply:
 class TeacherClient:
     def __init__(self, target: str | grpc.Channel, *, timeout_s: float = 600.0) -> None:
         self._own = isinstance(target, str)
-        self.channel = grpc.insecure_channel(target) if isinstance(target, str) else target
+        self.channel = open_channel(target) if isinstance(target, str) else target
         self.stub = pb_grpc.TeacherServiceStub(self.channel)
         self.timeout_s = timeout_s
 

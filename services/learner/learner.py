@@ -5,15 +5,41 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cascade.config import CascadeConfig
+from cascade.config import CascadeConfig, ResilienceConfig
+from cascade.resilience import Dependency
 from cascade.runner import CascadeRunner, RunSources
 from cascade.runner.sources import TeacherSource
+from cascade.transport.channel import ServiceUnavailable
+from cascade.transport.redis_streams import TRANSIENT as REDIS_TRANSIENT
 from cascade.transport.rollout_replicas import Addresses
-from services.learner.replicas import RolloutReplicas
+from services.learner.replicas import NoReplicaLeft, RolloutReplicas
 from services.learner.sources import NoTeachers, ServiceTeachers, StreamRollouts
+
+
+@dataclass(frozen=True)
+class ServiceOutages:
+    """The services the learner rides out blips of, each bounded by its `resilience.*_s`."""
+
+    redis: Dependency
+    teacher: Dependency
+    rollout: Dependency
+
+    @classmethod
+    def from_config(cls, cfg: ResilienceConfig, log: Callable[[str], None]) -> ServiceOutages:
+        return cls(
+            redis=Dependency("redis", give_up_after_s=cfg.redis_s, transient=REDIS_TRANSIENT, log=log),
+            teacher=Dependency(
+                "teacher", give_up_after_s=cfg.teacher_s, transient=(ServiceUnavailable,), log=log
+            ),
+            rollout=Dependency("rollout", give_up_after_s=cfg.rollout_s, transient=(NoReplicaLeft,), log=log),
+        )
+
+    def all(self) -> list[Dependency]:
+        return [self.redis, self.teacher, self.rollout]
 
 
 def distributed_runner(
@@ -28,19 +54,26 @@ def distributed_runner(
     rollout_wait_s: float = 60.0,
     on_replica_failure: Callable[[str, str], None] | None = None,
     keep_weights: int = 2,
+    outages: ServiceOutages | None = None,
     **kwargs: Any,
 ) -> CascadeRunner:
     """The loop over the services; `kwargs` as `CascadeRunner`'s (db_url, resume, follow, ...).
 
     `rollout`: one or more rollout replicas `host:port[,host:port...]`; `rollout_dns`: a name
-    (`name:port`, a headless Service) resolved to all its addresses at each weight push."""
+    (`name:port`, a headless Service) resolved to all its addresses at each weight push.
+    `outages`: the Redis, teacher and rollout dependencies (default: from `config.resilience`)."""
     distill = kwargs.get("distill", True)
     distils = any(config.teachers_for(i) for i in range(len(config.stages)))
     if distill and teacher is None and distils:
         raise ValueError("this cascade distils: the learner needs --teacher")
     log = kwargs.get("log", print)
+    outages = outages or ServiceOutages.from_config(config.resilience, log)
     replicas = RolloutReplicas(
-        Addresses.parse(rollout, rollout_dns), log=log, on_failure=on_replica_failure, wait_s=rollout_wait_s
+        Addresses.parse(rollout, rollout_dns),
+        log=log,
+        on_failure=on_replica_failure,
+        wait_s=rollout_wait_s,
+        outage=outages.rollout,
     )
     rollouts = StreamRollouts(
         redis_url=redis_url,
@@ -49,10 +82,12 @@ def distributed_runner(
         weights_root=run_dir / "weights",
         keep_weights=keep_weights,
         log=log,
+        redis_outage=outages.redis,
+        watched=outages.all(),
     )
     teachers: TeacherSource = NoTeachers()
     if teacher is not None:
-        teachers = ServiceTeachers(teacher, vocab_size=_vocab_size(config), log=log)
+        teachers = ServiceTeachers(teacher, vocab_size=_vocab_size(config), log=log, outage=outages.teacher)
     sources = RunSources(rollouts=rollouts, teachers=teachers, weights=rollouts)
     try:
         return CascadeRunner(config, sources, run_dir=run_dir, **kwargs)

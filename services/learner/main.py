@@ -16,6 +16,10 @@ import threading
 from pathlib import Path
 from typing import Any
 
+EXIT_DEPENDENCY_DOWN = 75
+"""EX_TEMPFAIL: a dependency (database, Redis, teacher, rollout) stayed unreachable past its
+`resilience.*_s` bound; the run is resumable once it is back."""
+
 
 def device_arg(value: str) -> str:
     """`--device`: auto, cpu, cuda or cuda:N (whether this host has it is checked at start)."""
@@ -162,10 +166,14 @@ def _drive(args: argparse.Namespace, cfg: Any, world: Any) -> int:
         if db.startswith("sqlite"):
             db, cascade_id = None, None
 
+    from cascade.resilience import DependencyDown
     from cascade.transport.http import start_http_server
+    from services.learner.learner import ServiceOutages
     from services.learner.metrics import LearnerMetrics
 
     metrics = LearnerMetrics()
+    outages = ServiceOutages.from_config(cfg.resilience, log)
+    metrics.watch(outages.all())
     training = threading.Event()
     http = start_http_server(args.host, args.metrics_port, metrics.registry, health=training.is_set)
     log(f"learner metrics on {args.host}:{http.server_port}")
@@ -186,6 +194,7 @@ def _drive(args: argparse.Namespace, cfg: Any, world: Any) -> int:
             rollout_dns=args.rollout_dns,
             rollout_wait_s=args.rollout_wait_s,
             on_replica_failure=metrics.replica_failed,
+            outages=outages,
             teacher=args.teacher,
             on_step=metrics.observe,
             world=world,
@@ -194,12 +203,17 @@ def _drive(args: argparse.Namespace, cfg: Any, world: Any) -> int:
         http.shutdown()
         print(f"error: {err}", file=sys.stderr)
         return 2
+    metrics.watch([learner.store.database])  # the loop's store rides out database outages too
     training.set()
     try:
         result = learner.run()
     except (RunDirError, CascadeMismatch, LeaseHeld, SandboxUnavailable) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except DependencyDown as err:  # a service stayed away past its resilience.* bound
+        hint = resume_command(args.config, run_dir, read_record(run_dir), embedded=False)
+        print(f"error: learner stopped: {err}; continue with: {hint}", file=sys.stderr, flush=True)
+        return EXIT_DEPENDENCY_DOWN
     except KeyboardInterrupt:
         log(
             "learner interrupted; continue with: "

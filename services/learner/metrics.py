@@ -2,9 +2,44 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from cascade.resilience import Dependency
+
+
+class DependencyCollector(Collector):
+    """Each watched dependency's outages, read when scraped (also while an outage is open and
+    no step completes): begun, seconds down (ended outages), and whether one is open now."""
+
+    def __init__(self) -> None:
+        self.dependencies: list[Dependency] = []
+
+    def collect(self) -> Iterator[Metric]:
+        outages = CounterMetricFamily(
+            "cascade_learner_dependency_outages",
+            "Outages of a dependency (each counted once, however many calls failed in it).",
+            labels=["dependency"],
+        )
+        down = CounterMetricFamily(
+            "cascade_learner_dependency_down_seconds",
+            "Seconds a dependency was unreachable, in outages that have ended.",
+            labels=["dependency"],
+        )
+        degraded = GaugeMetricFamily(
+            "cascade_learner_dependency_degraded",
+            "1 while an outage of the dependency is open (calls retried, the run waiting).",
+            labels=["dependency"],
+        )
+        for dep in self.dependencies:
+            outages.add_metric([dep.name], float(dep.stats.outages))
+            down.add_metric([dep.name], dep.stats.down_s)
+            degraded.add_metric([dep.name], 1.0 if dep.degraded else 0.0)
+        yield from (outages, down, degraded)
 
 
 class LearnerMetrics:
@@ -49,6 +84,8 @@ class LearnerMetrics:
             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
             registry=self.registry,
         )
+        self.dependencies = DependencyCollector()
+        self.registry.register(self.dependencies)
         self.step_seconds = Histogram(
             "cascade_learner_step_seconds",
             "Wall time of one step.",
@@ -68,6 +105,10 @@ class LearnerMetrics:
             self.replicas_out.set(float(metrics["replicas_out"]))
         if "time_push_s" in metrics:
             self.push_seconds.observe(float(metrics["time_push_s"]))
+
+    def watch(self, dependencies: Iterable[Dependency]) -> None:
+        """Report these dependencies' outages (`cascade.resilience`) from now on."""
+        self.dependencies.dependencies.extend(dependencies)
 
     def replica_failed(self, replica: str, during: str) -> None:
         self.replica_failures.labels(replica, during).inc()

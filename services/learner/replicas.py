@@ -14,11 +14,18 @@ checked in learner versions, as in one process).
 
 Failures. A push goes to every replica in threads; the step continues when every replica has
 answered. A replica that fails (unreachable, deadline, update refused) is taken out of service:
-logged, counted (`on_failure`; the step's `replica_failures`, `replicas_out`) and never pushed to
-nor asked again by this learner, unless it is re-added: it leaves the DNS answer and comes back (a
-restarted pod) and then accepts the current weights. A replica out of service may still hold old
-weights; the workers' per-request version check (`cascade.transport.rollout_replicas`) keeps it from
-serving a request that expects newer ones. No replica left holding the weights is an error.
+logged, counted (`on_failure`; the step's `replica_failures`, `replicas_out`) and neither pushed
+to nor asked until it answers again: at every push, and every few seconds while the learner waits
+for rollouts (`heal`), each replica out of service is probed (`GetModelInfo`, quick) and one that
+answers is given the current weights and version BEFORE it is back in service (a restarted
+process on the same address, a pod the DNS name lists again). A replica in service that reports
+older weights than it was given (restarted between two probes) is given them again. A replica
+out of service may still hold old weights; the workers' per-request version check
+(`cascade.transport.rollout_replicas`) keeps it from serving a request that expects newer ones.
+
+No replica in service is an outage of the `rollout` dependency (`cascade.resilience`): pushes and
+generation are retried, out replicas probed, until one is back or the outage passes
+`resilience.rollout_s` (`DependencyDown`). One replica down of several is no outage.
 """
 
 from __future__ import annotations
@@ -31,12 +38,13 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 
 from cascade.engine.base import SamplingSettings, VersionedGeneration
+from cascade.resilience import Dependency
 from cascade.transport.rollout_client import RolloutClient
 from cascade.transport.rollout_replicas import REQUEST_ERRORS, Addresses
 
 
-class NoReplicaLeft(RuntimeError):
-    """Every rollout replica is out of service."""
+class NoReplicaLeft(ConnectionError):
+    """Every rollout replica is out of service (the `rollout` dependency's outage)."""
 
 
 def _why(err: BaseException) -> str:
@@ -57,7 +65,11 @@ class RolloutReplicas:
         wait_s: float = 60.0,
         poll_s: float = 1.0,
         sleep: Callable[[float], None] = time.sleep,
+        outage: Dependency | None = None,
+        probe_timeout_s: float = 5.0,
     ) -> None:
+        """`outage`: the `rollout` dependency that bounds how long no replica may be in service
+        (default: no wait at all)."""
         self.addresses = addresses
         self.log = log
         self.on_failure = on_failure
@@ -67,6 +79,13 @@ class RolloutReplicas:
         self.version = -1  # the engine version every replica in service holds
         self.active: dict[str, RolloutClient] = {}
         self.out: dict[str, str] = {}  # address -> why it was taken out
+        self.outage = outage or Dependency(
+            "rollout", give_up_after_s=0.0, transient=(NoReplicaLeft,), log=log, sleep=sleep
+        )
+        self.probe_timeout_s = probe_timeout_s
+        self.readmitted = 0
+        """Replicas put back in service after they answered again (each given the weights first)."""
+        self._latest: str | None = None  # the checkpoint of `version`, for a replica re-admitted
         self._next = 0
         self._failures = 0
         self._lock = threading.Lock()
@@ -114,12 +133,18 @@ class RolloutReplicas:
     # ------------------------------------------------------------------ weights
 
     def push(self, path: str, learner_version: int) -> dict[str, float]:
-        """`path`'s weights as `learner_version` on every replica in service (and any the DNS name
-        newly lists); returns when every one has answered."""
+        """`path`'s weights as `learner_version` on every replica in service, on any the DNS name
+        newly lists and on any out of service that answers again; returns when every one has
+        answered. None in service: retried within the `rollout` outage's bound."""
+        return self.outage.call(lambda: self._push(path, learner_version))
+
+    def _push(self, path: str, learner_version: int) -> dict[str, float]:
         version = learner_version + self.offset
         with self._lock:
+            self.version, self._latest = version, path
             listed = self._listed_now()
             targets = dict(self.active)
+            returning = [a for a in listed if a in self.out]
             for address in listed:
                 if address not in targets and address not in self.out:
                     targets[address] = self._make_client(address)
@@ -137,10 +162,12 @@ class RolloutReplicas:
             else:
                 seconds.append(time.perf_counter() - start)
 
-        if targets:
-            with ThreadPoolExecutor(max_workers=len(targets), thread_name_prefix="push") as pool:
-                for address, client in targets.items():
-                    pool.submit(one, address, client)
+        workers = len(targets) + len(returning) + 1
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="push") as pool:
+            for address, client in targets.items():
+                pool.submit(one, address, client)
+            for address in returning:
+                pool.submit(self._readmit, address, path, version)
         with self._lock:
             for address, client in targets.items():
                 if address in failed:
@@ -150,9 +177,9 @@ class RolloutReplicas:
                     self._take_out(address, why, "push")
                 else:
                     self.active[address] = client
-            self.version = version
             failures, self._failures = self._failures, 0
         if not self.active:
+            self._failures = failures
             raise NoReplicaLeft(f"no rollout replica holds version {learner_version}: {self._out_text()}")
         return {
             "time_push_s": time.perf_counter() - t0,
@@ -161,6 +188,62 @@ class RolloutReplicas:
             "replicas_out": float(len(self.out)),
             "replica_failures": float(failures),
         }
+
+    def _readmit(self, address: str, path: str, version: int) -> bool:
+        """Probe a replica out of service; one that answers gets `path` as `version` and is back
+        in service. One that still fails stays out, quietly (it was logged when it went out)."""
+        client = self._make_client(address)  # a fresh channel: the old one may sit in backoff
+        try:
+            before = client.model_info(timeout_s=self.probe_timeout_s)[1]
+            client.update_weights(path, version=version)
+        except Exception:  # noqa: BLE001 - still out (logged when it went out)
+            client.close()
+            return False
+        with self._lock:
+            if address not in self.out or self.version != version:
+                client.close()  # listed no more, or a newer push went out meanwhile: next time
+                return False
+            del self.out[address]
+            self.active[address] = client
+            self.readmitted += 1
+        self.log(
+            f"  rollout replica {address} answers again (it held engine version {before}): given "
+            f"version {version - self.offset}, back in service"
+        )
+        return True
+
+    def heal(self) -> None:
+        """While the learner waits for rollouts (no push for a while): a replica in service that
+        holds older weights than it was given (restarted) is given them again, one that does not
+        answer is taken out; replicas out of service that answer again are re-admitted. None in
+        service is the `rollout` outage (`DependencyDown` past its bound)."""
+        with self._lock:
+            if self._latest is None:
+                return
+            path, version = self._latest, self.version
+            listed = self._listed_now()
+            active = dict(self.active)
+        for address, client in active.items():
+            try:
+                held = client.model_info(timeout_s=self.probe_timeout_s)[1]
+                if held < version:
+                    client.update_weights(path, version=version)
+                    self.log(
+                        f"  rollout replica {address} held engine version {held} (restarted?): "
+                        f"given version {version - self.offset} again"
+                    )
+            except Exception as err:  # noqa: BLE001 - any failure takes the replica out
+                with self._lock:
+                    if self.active.pop(address, None) is not None:
+                        client.close()
+                        self._take_out(address, f"probe failed: {_why(err)}", "probe")
+        for address in listed:
+            if address not in active and address in self.out:
+                self._readmit(address, path, version)
+        if self.active:
+            self.outage.succeeded()
+        else:
+            self.outage.failed(NoReplicaLeft(f"no rollout replica in service: {self._out_text()}"))
 
     def _listed_now(self) -> list[str]:
         """What the addresses list now; an out replica that left the list may come back later."""
@@ -190,8 +273,18 @@ class RolloutReplicas:
 
     def generate(self, prompts: list[list[int]], n: int, sampling: SamplingSettings) -> VersionedGeneration:
         """From a replica in service (round-robin); one that fails or answers with older weights
-        than the last push is taken out and the next one asked. The version is the engine's."""
+        than the last push is taken out and the next one asked. None in service: replicas out
+        are probed and re-admitted, within the `rollout` outage's bound. The version is the
+        engine's."""
+        return self.outage.call(lambda: self._generate(prompts, n, sampling))
+
+    def _generate(self, prompts: list[list[int]], n: int, sampling: SamplingSettings) -> VersionedGeneration:
         while True:
+            with self._lock:
+                empty, latest, version = not self.active, self._latest, self.version
+            if empty and latest is not None:
+                for address in list(self.out):
+                    self._readmit(address, latest, version)
             with self._lock:
                 if not self.active:
                     raise NoReplicaLeft(f"no rollout replica in service: {self._out_text()}")

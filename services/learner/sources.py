@@ -3,23 +3,35 @@
 - `StreamRollouts`: an RL batch's requests go to the run's `prompts` stream; rollout workers
   (`services/rollout/worker.py`) take them through a consumer group, call the same
   `generate_and_score` as the embedded run with the rollout and reward services behind it, and
-  publish `ScoredChunk`s to the `groups` stream. Each sample id is taken once (a re-delivery
-  after a worker died is dropped), and only chunks of this learner process's `attempt`.
+  publish `ScoredChunk`s to the `groups` stream. Each request of a batch is taken once (by its
+  index: a re-delivery after a worker died, or the first answer of a re-issued request, is
+  dropped), and only chunks of this learner process's `attempt`.
   Unscored generation (eval, distillation students) and weight updates go straight to the
   rollout replicas (`services.learner.replicas`): every replica in service holds the learner's
   current weights after every step, and all count versions alike (one offset).
 - `ServiceTeachers`: teacher log-probs from the teacher service; new best checkpoints are
   registered with it (`SetTeacher`), and again after a restart.
+
+Blips (`cascade.resilience`, bounded by `resilience.*_s`): Redis calls are retried through the
+`redis` dependency; a Redis that comes back without the run's streams (restarted without
+persistence) has them made again and every request not back yet re-issued. While the learner
+waits for a batch it probes the rollout replicas every `HEAL_EVERY_S` (a restarted one gets the
+current weights again; see `services.learner.replicas`). Teacher calls are retried through the
+`teacher` dependency, and a teacher service that has forgotten the registered teachers
+(restarted) gets them again before the call is retried.
 """
 
 from __future__ import annotations
 
 import shutil
+import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import grpc
 import torch
 
 from cascade.checkpoint import save_model_dir
@@ -27,13 +39,17 @@ from cascade.config import DistillConfig
 from cascade.engine.base import SamplingSettings, VersionedGeneration
 from cascade.engine.batch import SequenceBatch
 from cascade.model.loading import Policy
+from cascade.resilience import Dependency, resilience_metrics
 from cascade.rollout import PromptRequest, ScoredChunk
 from cascade.trainer import DistillSamples, TeacherTokens, remote_teacher_tokens
-from cascade.transport.redis_streams import SeenSet, StreamGroup, StreamKeys, connect, publish, reset
-from cascade.transport.teacher_client import TeacherClient
+from cascade.transport.channel import ServiceUnavailable, is_transient, unavailable
+from cascade.transport.redis_streams import TRANSIENT, StreamGroup, StreamKeys, connect, publish, reset
+from cascade.transport.teacher_client import TeacherClient, TeacherReply
 from services.learner.replicas import RolloutReplicas
 
 WAIT_NOTE_S = 30.0
+HEAL_EVERY_S = 2.0
+"""While waiting for a batch: how often the rollout replicas are probed (`RolloutReplicas.heal`)."""
 
 
 class StreamRollouts:
@@ -51,30 +67,43 @@ class StreamRollouts:
         weights_root: Path,
         keep_weights: int = 2,
         log: Callable[[str], None] = print,
+        redis_outage: Dependency | None = None,
+        watched: list[Dependency] | None = None,
     ) -> None:
+        """`redis_outage`: the `redis` dependency (default: no retry); `watched`: every dependency
+        whose outages go into the step metrics (`resilience/<name>_*`)."""
         self.redis = connect(redis_url)
+        self.redis_outage = redis_outage or Dependency(
+            "redis", give_up_after_s=0.0, transient=TRANSIENT, log=log
+        )
+        self.watched = watched if watched is not None else [self.redis_outage, rollout.outage]
         self.keys = StreamKeys(stream_prefix)
         self.rollout = rollout
         self.weights_root = weights_root
         self.keep_weights = keep_weights
         self.log = log
         self._requests: dict[int, list[PromptRequest]] = {}
-        self._message_ids: dict[int, list[str]] = {}
+        self._message_ids: dict[int, dict[int, str]] = {}  # batch -> request index -> message id
         self._chunks: dict[int, dict[int, ScoredChunk]] = {}
         self._attempt = ""
         self._duplicates = 0
+        self._reissued = 0
         self._results: StreamGroup | None = None
-        self._seen: SeenSet | None = None
+        self._resets_seen = 0
+        self._reread_pending = False
 
     # ------------------------------------------------------------------ life cycle
 
     def attach(self, policy: Policy, generator: torch.Generator, version: Callable[[], int]) -> None:
         """Start clean on this run's keys (a previous process's requests and chunks go), and
         map the learner's versions onto the replicas' (which only grow; one offset for all)."""
-        reset(self.redis, self.keys)
-        StreamGroup(self.redis, self.keys.prompts, "rollout", "learner")  # the workers' group, made here
-        self._results = StreamGroup(self.redis, self.keys.groups, "learner", "learner")
-        self._seen = SeenSet(self.redis, self.keys.seen)
+
+        def start_clean() -> StreamGroup:
+            reset(self.redis, self.keys)
+            StreamGroup(self.redis, self.keys.prompts, "rollout", "learner")  # the workers' group, made here
+            return StreamGroup(self.redis, self.keys.groups, "learner", "learner")
+
+        self._results = self.redis_outage.call(start_clean)
         self.rollout.attach(version())
 
     def record(self) -> dict[str, Any]:
@@ -83,11 +112,11 @@ class StreamRollouts:
     def forget(self, previous: dict[str, Any]) -> None:
         prefix = previous.get("stream_prefix")
         if prefix and prefix != self.keys.prefix:
-            reset(self.redis, StreamKeys(prefix))
+            self.redis_outage.call(lambda: reset(self.redis, StreamKeys(prefix)))
             self.log(f"discarded the Redis streams of the previous process ({prefix}:*)")
 
     def finish(self) -> None:
-        reset(self.redis, self.keys)
+        self.redis_outage.call(lambda: reset(self.redis, self.keys))
 
     def close(self) -> None:
         self.rollout.close()
@@ -117,18 +146,27 @@ class StreamRollouts:
         self._attempt = requests[0].attempt
         self._requests[batch] = requests
         self._chunks[batch] = {}
-        ids = []
+        self._message_ids[batch] = {}
         for req in requests:
-            data = req.to_json()
-            data["policy_version"] += self.version_offset  # as every replica counts
-            ids.append(publish(self.redis, self.keys.prompts, data))
-        self._message_ids[batch] = ids
+            self._message_ids[batch][req.index] = self.redis_outage.call(partial(self._publish, req))
+
+    def _publish(self, req: PromptRequest) -> str:
+        data = req.to_json()
+        data["policy_version"] += self.version_offset  # as every replica counts
+        return publish(self.redis, self.keys.prompts, data)
 
     def collect(self, batch: int) -> list[ScoredChunk]:
         wanted = len(self._requests[batch])
         note = time.perf_counter() + WAIT_NOTE_S
+        heal = time.perf_counter() + HEAL_EVERY_S
         while len(self._chunks[batch]) < wanted:
-            self._drain(block_ms=100)
+            self.redis_outage.call(lambda: self._drain(block_ms=100))
+            assert self._results is not None
+            if self._results.resets != self._resets_seen:
+                self._restore()
+            if time.perf_counter() > heal:
+                heal = time.perf_counter() + HEAL_EVERY_S
+                self.rollout.heal()
             if time.perf_counter() > note:
                 note += WAIT_NOTE_S
                 self.log(f"  waiting for batch {batch}: {len(self._chunks[batch])}/{wanted} requests back")
@@ -140,29 +178,59 @@ class StreamRollouts:
         return chunks
 
     def _drain(self, block_ms: int) -> None:
-        """Take what the workers published: each sample id once, this attempt's batches only."""
-        assert self._results is not None and self._seen is not None, "attach() first"
-        for message in self._results.read(count=64, block_ms=block_ms):
+        """Take what the workers published: each request once, this attempt's batches only.
+        After a failed call, the chunks read but not acknowledged are read again first."""
+        assert self._results is not None, "attach() first"
+        pending, self._reread_pending = self._reread_pending, True  # until this drain completes
+        for message in self._results.read(count=64, block_ms=block_ms, pending=pending):
             chunk = ScoredChunk.from_json(message.data)
             wanted = self._chunks.get(chunk.batch)
             if chunk.attempt != self._attempt:  # made for a learner process that is gone
                 self.log(f"  dropped a chunk of another attempt ({chunk.attempt}): batch {chunk.batch}")
+            elif wanted is None or chunk.index in wanted:
+                self._duplicates += 1  # re-delivered, re-issued and answered twice, or taken back
+                self.log(f"  dropped a duplicate chunk: batch {chunk.batch} request {chunk.index}")
             else:
-                fresh = self._seen.take([sid for group in chunk.sample_ids for sid in group])
-                if not all(fresh) or wanted is None or chunk.index in wanted:
-                    self._duplicates += 1  # re-delivered (a worker died after publishing) or taken back
-                    self.log(f"  dropped a re-delivered chunk: batch {chunk.batch} request {chunk.index}")
-                else:
-                    wanted[chunk.index] = chunk
+                wanted[chunk.index] = chunk
             self._results.ack(message.id)
+        self._reread_pending = False
+
+    def _restore(self) -> None:
+        """Redis lost the run's streams (restarted without persistence): make them and their
+        groups again and re-issue every request of the batches in flight that is not back; an
+        answer to the lost request that still arrives is dropped as a duplicate."""
+        assert self._results is not None
+        self._resets_seen = self._results.resets
+
+        def reissue() -> int:
+            StreamGroup(self.redis, self.keys.prompts, "rollout", "learner")
+            StreamGroup(self.redis, self.keys.groups, "learner", "learner")
+            n = 0
+            for batch, requests in self._requests.items():
+                for req in requests:
+                    if req.index not in self._chunks[batch]:
+                        self._message_ids[batch][req.index] = self._publish(req)
+                        n += 1
+            return n
+
+        n = self.redis_outage.call(reissue)
+        self._reissued += n
+        self.log(
+            f"  Redis lost the run's streams (restarted without persistence?): made them again and "
+            f"re-issued {n} request(s) not back yet"
+        )
 
     def discard(self, batches: list[int]) -> None:
         """Requests not generated yet are taken back from the workers (acked and deleted);
         chunks that arrive for them later are dropped (not asked for)."""
-        ids = [mid for b in batches for mid in self._message_ids.pop(b, [])]
+        ids = [mid for b in batches for mid in self._message_ids.pop(b, {}).values()]
         if ids:
-            self.redis.xack(self.keys.prompts, "rollout", *ids)
-            self.redis.xdel(self.keys.prompts, *ids)
+
+            def take_back() -> None:
+                self.redis.xack(self.keys.prompts, "rollout", *ids)
+                self.redis.xdel(self.keys.prompts, *ids)
+
+            self.redis_outage.call(take_back)
         for b in batches:
             self._requests.pop(b, None)
             self._chunks.pop(b, None)
@@ -173,40 +241,96 @@ class StreamRollouts:
         return result
 
     def stats(self) -> dict[str, float]:
-        out = {"duplicate_chunks": float(self._duplicates)}
-        self._duplicates = 0
-        return out
+        out = {"duplicate_chunks": float(self._duplicates), "reissued_requests": float(self._reissued)}
+        self._duplicates = self._reissued = 0
+        return {**out, **resilience_metrics(self.watched)}
 
 
 class ServiceTeachers:
-    """Teacher log-probs from the teacher service."""
+    """Teacher log-probs from the teacher service; every registration is remembered, so a
+    restarted service that answers "unknown teacher" is given them all again."""
 
-    def __init__(self, address: str, *, vocab_size: int, log: Callable[[str], None] = print) -> None:
+    def __init__(
+        self,
+        address: str,
+        *,
+        vocab_size: int,
+        log: Callable[[str], None] = print,
+        outage: Dependency | None = None,
+    ) -> None:
+        """`outage`: the `teacher` dependency (default: no retry)."""
         self.client = TeacherClient(address)
         self.vocab_size = vocab_size
         self.log = log
+        self.outage = outage or Dependency(
+            "teacher", give_up_after_s=0.0, transient=(ServiceUnavailable,), log=log
+        )
+        self.registered: dict[str, str] = {}
+        self.reregistered = 0
+        """Times the service had forgotten the teachers and was given them again."""
+        self._lock = threading.Lock()
 
     def register(self, domain: str, path: Path) -> None:
-        self.client.set_teacher(domain, str(path))
+        with self._lock:
+            self.registered[domain] = str(path)
+        self.outage.call(lambda: self._rpc(lambda: self.client.set_teacher(domain, str(path))))
         self.log(f"  teacher '{domain}' -> {path.name}")
+
+    def _rpc(self, fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except grpc.RpcError as err:
+            if is_transient(err):
+                raise unavailable("teacher service", err) from err
+            raise
+
+    def _logprobs(self, teacher: str, samples: DistillSamples, **kw: Any) -> TeacherReply:
+        def call() -> TeacherReply:
+            return self._rpc(
+                lambda: self.client.logprobs(teacher, samples.prompt_ids, samples.completion_ids, **kw)
+            )
+
+        def attempt() -> TeacherReply:
+            try:
+                return call()
+            except grpc.RpcError as err:
+                if not (_unknown_teacher(err) and teacher in self.registered):
+                    raise
+            self._register_again()
+            return call()
+
+        return self.outage.call(attempt)
+
+    def _register_again(self) -> None:
+        """The service does not know a teacher it was given: restarted. Give it every one."""
+        with self._lock:
+            registered = dict(self.registered)
+        for domain, path in registered.items():
+            self._rpc(partial(self.client.set_teacher, domain, path))
+        self.reregistered += 1
+        self.log(
+            f"  the teacher service had forgotten its teachers (restarted?): registered "
+            f"{', '.join(sorted(registered))} again"
+        )
 
     def tokens(
         self, teacher: str, samples: DistillSamples, sb: SequenceBatch, cfg: DistillConfig
     ) -> TeacherTokens:
         mode_t = cfg.temperature if cfg.loss == "sampled" else 1.0
         topk = min(cfg.topk, self.vocab_size)
-        reply = self.client.logprobs(
-            teacher, samples.prompt_ids, samples.completion_ids, mode=cfg.loss, temperature=mode_t, topk=topk
-        )
+        reply = self._logprobs(teacher, samples, mode=cfg.loss, temperature=mode_t, topk=topk)
         t1 = None
         if cfg.loss == "topk":
-            t1 = self.client.logprobs(
-                teacher, samples.prompt_ids, samples.completion_ids, mode="sampled"
-            ).scores
+            t1 = self._logprobs(teacher, samples, mode="sampled").scores
         return remote_teacher_tokens(reply.scores, sb, cfg, t1)
 
     def close(self) -> None:
         self.client.close()
+
+
+def _unknown_teacher(err: grpc.RpcError) -> bool:
+    details = err.details() if hasattr(err, "details") else ""
+    return err.code() == grpc.StatusCode.INVALID_ARGUMENT and "unknown teacher" in (details or "")
 
 
 class NoTeachers:

@@ -9,6 +9,11 @@ reward service scoring (gRPC Score), publishes the chunk to the groups stream, a
 acknowledges the request. Before reading new requests it retries its own pending ones
 and takes over requests other workers left pending for `--claim-idle-ms` (a worker that died
 mid-batch). Holds no model: only the tokenizer, to turn completion tokens into text.
+
+Redis restarting is an outage (`cascade.resilience`) logged once each way: reads, publishes and
+acknowledgements are retried for up to `--redis-wait-s`, then the worker exits (code 75). A
+Redis that lost the streams (no persistence) has them made again by the learner, which
+re-issues the requests; the worker joins the new group as soon as it exists.
 """
 
 from __future__ import annotations
@@ -45,6 +50,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--block-ms", type=int, default=500, help="wait for new requests (default: %(default)s)")
     p.add_argument(
+        "--redis-wait-s",
+        type=float,
+        default=300.0,
+        help="ride out a Redis outage this long, then exit (default: %(default)s, as resilience.redis_s)",
+    )
+    p.add_argument(
         "--fault-hold-s",
         type=float,
         default=0.0,
@@ -63,6 +74,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(str(err))
     if args.claim_idle_ms < 1:
         p.error("--claim-idle-ms must be positive")
+    if args.redis_wait_s < 0:
+        p.error("--redis-wait-s must be >= 0")
     args.name = args.name or f"{socket.gethostname()}-{os.getpid()}"
     return args
 
@@ -70,14 +83,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 class Worker:
     def __init__(self, args: argparse.Namespace) -> None:
         from cascade.model.loading import load_tokenizer
-        from cascade.transport.redis_streams import StreamGroup, StreamKeys, connect
+        from cascade.resilience import Dependency
+        from cascade.transport.redis_streams import TRANSIENT, StreamGroup, StreamKeys, connect
         from cascade.transport.reward_client import RewardClient
         from cascade.transport.rollout_replicas import Addresses, ReplicaPool
 
         self.args = args
         self.keys = StreamKeys(args.stream_prefix)
         self.redis = connect(args.redis_url)
-        self.requests = StreamGroup(self.redis, self.keys.prompts, "rollout", args.name)
+        self.redis_outage = Dependency(
+            "redis", give_up_after_s=args.redis_wait_s, transient=TRANSIENT, log=log.warning
+        )
+        self.requests = self.redis_outage.call(
+            lambda: StreamGroup(self.redis, self.keys.prompts, "rollout", args.name)
+        )
         self.rollout = ReplicaPool(Addresses.parse(args.rollout, args.rollout_dns))
         self.reward = RewardClient(args.reward)
         self.tokenizer = load_tokenizer(args.tokenizer)
@@ -85,17 +104,28 @@ class Worker:
         self.faulted = False
 
     def run(self) -> None:
+        """Until stopped; `DependencyDown` when Redis stays away past `--redis-wait-s`."""
+        from cascade.resilience import DependencyDown
+        from cascade.transport.rollout_replicas import NoReplicaReady
+
         log.info("worker %s consuming %s", self.args.name, self.keys.prompts)
         while not self.stopping:
             try:
-                messages = self.next_messages()
-            except Exception:  # Redis restarting, a reset stream: try again shortly
+                messages = self.redis_outage.call(self.next_messages)
+            except DependencyDown:
+                raise
+            except Exception:  # a refused command: try again shortly
                 log.exception("reading requests failed; retrying")
                 time.sleep(1.0)
                 continue
             for message in messages:
                 try:
                     self.handle(message.id, message.data)
+                except DependencyDown:
+                    raise
+                except NoReplicaReady as err:  # replicas restarting or behind: the request waits
+                    log.warning("request %s waits: %s", message.id, err)
+                    time.sleep(1.0)
                 except Exception:  # the request stays pending: retried next loop
                     log.exception("request %s failed; retrying", message.id)
                     time.sleep(1.0)
@@ -145,9 +175,9 @@ class Worker:
         chunk = generate_and_score(
             req, generate_fn=generate_fn, decode=decode, score=score, worker=self.args.name
         )
-        publish(self.redis, self.keys.groups, chunk.to_json())
+        self.redis_outage.call(lambda: publish(self.redis, self.keys.groups, chunk.to_json()))
         self._fault("before_ack")
-        self.requests.ack(message_id)
+        self.redis_outage.call(lambda: self.requests.ack(message_id))
         log.info(
             "published batch %d request %d (engine v%d, replica %s)",
             req.batch,
@@ -162,10 +192,20 @@ class Worker:
         self.redis.close()
 
 
+EXIT_DEPENDENCY_DOWN = 75
+"""EX_TEMPFAIL: Redis stayed away past `--redis-wait-s` (a supervisor may start the worker again)."""
+
+
 def main(argv: list[str] | None = None) -> int:
+    from cascade.resilience import DependencyDown
+
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    worker = Worker(args)
+    try:
+        worker = Worker(args)
+    except DependencyDown as err:
+        log.error("worker stopped: %s", err)
+        return EXIT_DEPENDENCY_DOWN
 
     def on_signal(signum: int, frame: Any) -> None:
         log.info("signal %d: stopping after the current request", signum)
@@ -175,6 +215,9 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_signal)
     try:
         worker.run()
+    except DependencyDown as err:
+        log.error("worker stopped: %s", err)
+        return EXIT_DEPENDENCY_DOWN
     finally:
         worker.close()
     return 0

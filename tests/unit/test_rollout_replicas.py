@@ -1,6 +1,7 @@
-"""Several rollout replicas: the learner's push to all (one version offset, failures taken out,
-DNS re-resolution) and the workers' spread with the per-request version check, against fake
-replicas that keep versions as the engines do (`next_version`: only growing)."""
+"""Several rollout replicas: the learner's push to all (one version offset, failures taken out and
+re-admitted with the current weights when they answer again, all down an outage bounded by the
+`rollout` dependency, DNS re-resolution) and the workers' spread with the per-request version
+check, against fake replicas that keep versions as the engines do (`next_version`: only growing)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 
 from cascade.engine.base import SamplingSettings, VersionedGeneration, WeightUpdateError, next_version
 from cascade.engine.hf import Generation
+from cascade.resilience import Dependency, DependencyDown
 from cascade.transport.rollout_replicas import (
     Addresses,
     NoReplicaReady,
@@ -50,7 +52,7 @@ class FakeReplica:
         if self.dead:
             raise FakeRpcError(grpc.StatusCode.UNAVAILABLE, "connection refused")
 
-    def model_info(self) -> tuple[None, int]:
+    def model_info(self, **kw: Any) -> tuple[None, int]:
         self._alive()
         return None, self.version
 
@@ -158,7 +160,7 @@ def test_push_goes_to_every_replica_at_once() -> None:
     assert (metrics["rollout_replicas"], metrics["replicas_out"], metrics["replica_failures"]) == (3, 0, 0)
 
 
-def test_a_failed_replica_is_taken_out_logged_counted_and_never_used_again() -> None:
+def test_a_failed_replica_is_taken_out_then_readmitted_with_the_weights_once_it_answers() -> None:
     cluster = Cluster(a=FakeReplica(), b=FakeReplica())
     r, lines, failures = learner(cluster, Addresses(["a", "b"]))
     r.attach(0)
@@ -168,16 +170,67 @@ def test_a_failed_replica_is_taken_out_logged_counted_and_never_used_again() -> 
     assert (metrics["rollout_replicas"], metrics["replicas_out"], metrics["replica_failures"]) == (1, 1, 1)
     assert failures == [("b", "push")]
     assert any("ERROR rollout replica b taken out" in line and "UNAVAILABLE" in line for line in lines)
-    cluster.replicas["b"].dead = False  # back, but a static list never re-adds it
-    metrics = r.push("/w/2", 2)
+    metrics = r.push("/w/2", 2)  # still down: probed, still out, neither logged nor counted again
     assert metrics["replica_failures"] == 0 and metrics["replicas_out"] == 1
-    assert cluster.replicas["b"].pushes == [1] and cluster.replicas["a"].pushes == [1, 2, 3]
+    assert sum("ERROR" in line for line in lines) == 1 and failures == [("b", "push")]
     for _ in range(4):  # unscored generation only from the replica in service
         r.generate([[1]], 1, SAMPLING)
     assert cluster.replicas["b"].generated == 0 and cluster.replicas["a"].generated == 4
+    cluster.replicas["b"] = FakeReplica(pushes=[1])  # restarted on its address: version 0
+    metrics = r.push("/w/3", 3)
+    assert metrics["rollout_replicas"] == 2 and metrics["replicas_out"] == 0 and r.readmitted == 1
+    assert cluster.replicas["b"].pushes == [1, 4] and cluster.replicas["a"].pushes == [1, 2, 3, 4]
+    assert any("rollout replica b answers again (it held engine version 0)" in line for line in lines)
+    cluster.replicas["a"].dead = cluster.replicas["b"].dead = True
+    with pytest.raises(DependencyDown, match="no rollout replica holds version 4"):
+        r.push("/w/4", 4)  # no outage allowed by default: every replica down stops at once
+
+
+def test_every_replica_down_is_an_outage_ridden_out_until_one_answers_again() -> None:
+    """All replicas down: pushes and generation wait (the `rollout` outage, logged once each way,
+    counted) for one that answers, give it the current weights first, and go on; a replica
+    restarted between two pushes (older weights than it was given) gets them again at `heal`;
+    past the bound, `DependencyDown`."""
+    cluster = Cluster(a=FakeReplica())
+    clock, lines = [0.0], []
+    back_at = [3.0]
+
+    def sleep(s: float) -> None:
+        clock[0] += s
+        if clock[0] >= back_at[0] and cluster.replicas["a"].dead:
+            cluster.replicas["a"] = FakeReplica(pushes=cluster.replicas["a"].pushes)  # restarted
+
+    outage = Dependency(
+        "rollout",
+        give_up_after_s=10.0,
+        transient=(NoReplicaLeft,),
+        log=lines.append,
+        clock=lambda: clock[0],
+        sleep=sleep,
+    )
+    r = RolloutReplicas(
+        Addresses(["a"]), log=lines.append, client=cluster.client, wait_s=0.0, sleep=sleep, outage=outage
+    )
+    r.attach(0)
+    r.push("/w/0", 0)
     cluster.replicas["a"].dead = True
-    with pytest.raises(NoReplicaLeft, match="no rollout replica holds version 3"):
-        r.push("/w/3", 3)
+    metrics = r.push("/w/1", 1)  # waits ~3 s for a to come back, then pushes to it
+    assert metrics["rollout_replicas"] == 1 and cluster.replicas["a"].pushes == [1, 2]
+    assert outage.stats.outages == 1 and 3.0 <= outage.stats.down_s < 10.0 and not outage.degraded
+    outage_lines = [line.split(" (")[0] for line in lines if line.startswith(("rollout unr", "rollout back"))]
+    assert outage_lines == ["rollout unreachable", "rollout back after 3.0s"]
+    cluster.replicas["a"].version = 0  # restarted between two probes
+    r.heal()
+    assert cluster.replicas["a"].version == 2 and "a" in r.active
+    cluster.replicas["a"].dead = True
+    r.heal()  # down: taken out, the outage opens
+    assert not r.active and outage.degraded and outage.stats.outages == 2
+    back_at[0] = clock[0] + 1.0
+    assert r.generate([[1]], 1, SAMPLING).version == 2  # re-admitted with the weights, then asked
+    assert cluster.replicas["a"].pushes[-1] == 2 and not outage.degraded
+    cluster.replicas["a"].dead, back_at[0] = True, float("inf")
+    with pytest.raises(DependencyDown, match="rollout unreachable for 10s"):
+        r.push("/w/2", 2)
 
 
 def test_a_refused_update_takes_the_replica_out() -> None:
@@ -189,6 +242,8 @@ def test_a_refused_update_takes_the_replica_out() -> None:
     metrics = r.push("/w/0", 0)
     assert metrics["replicas_out"] == 1 and failures == [("b", "push")]
     assert any("INVALID_ARGUMENT" in line and "not above" in line for line in lines)
+    metrics = r.push("/w/1", 1)  # it answers, but refuses again: still out, not counted twice
+    assert metrics["replicas_out"] == 1 and failures == [("b", "push")] and r.readmitted == 0
 
 
 def test_dns_re_resolution_adds_new_replicas_and_re_adds_a_returning_one() -> None:
@@ -200,10 +255,10 @@ def test_dns_re_resolution_adds_new_replicas_and_re_adds_a_returning_one() -> No
     cluster.replicas["10.0.0.2:5"].dead = True
     assert r.push("/w/1", 1)["replicas_out"] == 1
     # still listed, still out: not pushed to
-    cluster.replicas["10.0.0.2:5"].dead = False
     r.push("/w/2", 2)
     assert cluster.replicas["10.0.0.2:5"].pushes == [1]
     # it leaves the DNS answer (pod restarted), a third pod appears; then it is listed again
+    cluster.replicas["10.0.0.2:5"].dead = False
     listed[:] = ["10.0.0.1:5", "10.0.0.3:5"]
     metrics = r.push("/w/3", 3)
     assert metrics["rollout_replicas"] == 2 and metrics["replicas_out"] == 0

@@ -104,6 +104,7 @@ def test_the_worker_calls_the_embedded_rollout_function(monkeypatch: pytest.Monk
 
     import cascade.rollout
     import cascade.transport.redis_streams
+    from cascade.resilience import Dependency
     from cascade.rollout import PromptRequest, ScoredChunk
     from services.rollout.worker import Worker
 
@@ -125,6 +126,7 @@ def test_the_worker_calls_the_embedded_rollout_function(monkeypatch: pytest.Monk
     worker.args = argparse.Namespace(name="w", fault_hold_s=0.0, fault_at="before_generate")
     worker.faulted = False
     worker.redis = None
+    worker.redis_outage = Dependency("redis", give_up_after_s=0.0, transient=(ConnectionError,), log=print)
     worker.keys = cascade.transport.redis_streams.StreamKeys("test")
     worker.requests = argparse.Namespace(ack=lambda mid: events.append(f"ack {mid}"))
     worker.handle("1-0", req.to_json())

@@ -1,0 +1,161 @@
+"""The learner's Redis streams ride out a Redis restart (`services.learner.sources.StreamRollouts`
+on a PRIVATE redis-server without persistence, killed and started again on its port): the
+streams and groups are made again, the requests not back are re-issued, a lost request's late
+first answer is used once; past `resilience.redis_s` the learner stops with `DependencyDown`."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from private_redis import PrivateRedis
+
+from cascade.resilience import Dependency, DependencyDown
+from cascade.rollout import PromptRequest, ScoredChunk
+from cascade.transport.redis_streams import TRANSIENT, StreamGroup, connect, publish
+from services.learner.sources import StreamRollouts
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
+    try:
+        server = PrivateRedis(tmp_path / "redis")
+    except FileNotFoundError as err:
+        pytest.skip(str(err))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+class NoReplicas:
+    """The rollout side is not under test here: nothing to attach, heal or offset."""
+
+    offset = 0
+
+    def __init__(self) -> None:
+        self.outage = Dependency("rollout", give_up_after_s=0.0, transient=(ConnectionError,), log=print)
+
+    def attach(self, version: int) -> None:
+        pass
+
+    def heal(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def request(batch: int, index: int, attempt: str) -> PromptRequest:
+    sample_ids = [[f"b{batch}/r{index}/c{c}" for c in range(2)]]
+    return PromptRequest(
+        batch=batch, index=index, domain="math", policy_version=0, seed=index, group_size=2,
+        max_tokens=4, temperature=1.0, top_p=1.0, overlong="keep",
+        problems=[{"id": f"p{index}", "domain": "math", "prompt": "1+1", "answer": "2", "meta": {}}],
+        prompt_ids=[[1, 2]], sample_ids=sample_ids, attempt=attempt,
+    )  # fmt: skip
+
+
+def answer(data: dict[str, Any], worker: str) -> dict[str, Any]:
+    req = PromptRequest.from_json(data)
+    chunk = ScoredChunk(
+        batch=req.batch, index=req.index, worker=worker, engine_version=0, sample_ids=req.sample_ids,
+        completion_ids=[[3], [4]], logprobs=[[-1.0], [-1.0]], finish_reasons=["stop", "stop"],
+        texts=["2", "3"], verdicts=[(1.0, "ok", ""), (0.0, "wrong", "")], attempt=req.attempt,
+    )  # fmt: skip
+    return chunk.to_json()
+
+
+def learner(server: PrivateRedis, bound_s: float, lines: list[str]) -> StreamRollouts:
+    outage = Dependency("redis", give_up_after_s=bound_s, transient=TRANSIENT, log=lines.append)
+    rollouts = StreamRollouts(
+        redis_url=server.url,
+        stream_prefix=f"cascade:blip:{uuid.uuid4().hex[:6]}",
+        rollout=NoReplicas(),  # type: ignore[arg-type]
+        weights_root=server.workdir / "weights",
+        log=lines.append,
+        redis_outage=outage,
+    )
+    rollouts.attach(None, None, lambda: 0)  # type: ignore[arg-type]
+    return rollouts
+
+
+def wait_for(what: str, cond: Any, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_redis_restarted_without_persistence_while_the_learner_waits(private_redis: PrivateRedis) -> None:
+    """Batch 0 has three requests: 0 answered before the restart, 1 taken by a worker that
+    answers it only after the restart (its first answer), 2 still queued. Redis is killed and
+    started empty: the learner makes the streams again and re-issues 1 and 2; the worker takes
+    both; request 1 comes back twice and is used once."""
+    lines: list[str] = []
+    rollouts = learner(private_redis, bound_s=60.0, lines=lines)
+    attempt = "a1"
+    rollouts._attempt = attempt
+    rollouts.submit([request(0, i, attempt) for i in range(3)])
+    worker_redis = connect(private_redis.url)
+    keys = rollouts.keys
+    worker = StreamGroup(worker_redis, keys.prompts, "rollout", "w")
+    taken = worker.read(count=2, block_ms=100)
+    assert [m.data["index"] for m in taken] == [0, 1]
+    publish(worker_redis, keys.groups, answer(taken[0].data, "w"))
+    worker.ack(taken[0].id)
+
+    result: dict[str, Any] = {}
+
+    def collect() -> None:
+        try:
+            result["chunks"] = rollouts.collect(0)
+        except BaseException as err:  # noqa: BLE001 - reported by the test
+            result["error"] = err
+
+    thread = threading.Thread(target=collect)
+    thread.start()
+    wait_for("request 0 back", lambda: 0 in rollouts._chunks.get(0, {}))
+    private_redis.restart(down_s=1.0)  # every key gone: the streams, both groups, request 2
+    publish(worker_redis, keys.groups, answer(taken[1].data, "w"))  # the late first answer of 1
+    again: list[Any] = []
+    deadline = time.monotonic() + 30
+    while len(again) < 2 and time.monotonic() < deadline:  # the worker joins the re-made group
+        for message in worker.read(count=2, block_ms=200):
+            again.append(message)
+            publish(worker_redis, keys.groups, answer(message.data, "w"))
+            worker.ack(message.id)
+    thread.join(timeout=30)
+    worker_redis.close()
+    assert not thread.is_alive() and "error" not in result, result
+    assert sorted(m.data["index"] for m in again) == [1, 2]
+    assert sorted(c.index for c in result["chunks"]) == [0, 1, 2]
+    stats = rollouts.stats()
+    assert stats["reissued_requests"] == 2 and stats["duplicate_chunks"] == 1, stats
+    assert stats["resilience/redis_outages"] == 1 and stats["resilience/redis_down_s"] >= 0.5, stats
+    assert stats["resilience/redis_degraded"] == 0
+    assert sum("redis unreachable" in line for line in lines) == 1, lines
+    assert sum("redis back after" in line for line in lines) == 1, lines
+    assert any("re-issued 2 request(s)" in line for line in lines), lines
+    rollouts.finish()
+    rollouts.close()
+
+
+def test_redis_down_past_its_bound_stops_the_learner(private_redis: PrivateRedis) -> None:
+    lines: list[str] = []
+    rollouts = learner(private_redis, bound_s=1.5, lines=lines)
+    rollouts._attempt = "a1"
+    rollouts.submit([request(0, 0, "a1")])
+    private_redis.stop()
+    t0 = time.monotonic()
+    with pytest.raises(DependencyDown, match=r"redis unreachable for \ds \(bound reached\): ConnectionError"):
+        rollouts.collect(0)
+    assert 1.5 <= time.monotonic() - t0 < 10
+    assert sum("redis unreachable" in line for line in lines) == 1, lines
+    rollouts.close()
