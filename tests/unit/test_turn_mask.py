@@ -128,3 +128,28 @@ def test_sampled_distillation_scores_only_the_students_tokens() -> None:
     )
     assert out.loss.item() == pytest.approx(0.1025, abs=1e-6)
     assert out.metrics["kept_fraction"] == pytest.approx(4 / 5)
+
+
+def test_full_and_topk_distillation_equal_the_loss_on_the_model_tokens_alone() -> None:
+    """Teachers' logits at the tool tokens (here wild) change nothing: the masked two-turn row
+    gives the loss of the five model tokens laid out alone."""
+    from cascade.algo.distill import FullDistillInput, TopkDistillInput, full_distill_loss, topk_distill_loss
+
+    gen = torch.Generator().manual_seed(0)
+    student = torch.randn(1, 8, 6, generator=gen)
+    teacher = torch.randn(1, 8, 6, generator=gen)
+    teacher[0, ENV] = 1e4 * torch.randn(2, 6, generator=gen)
+    student[0, ENV] = float("nan")
+    mask = model_token_mask([LAYOUT], COMPLETION_MASK)
+    alone = torch.ones(1, 5)
+    full = full_distill_loss(FullDistillInput(student, teacher, mask, temperature=2.0))
+    full_alone = full_distill_loss(
+        FullDistillInput(student[:, MODEL], teacher[:, MODEL], alone, temperature=2.0)
+    )
+    assert full.loss.item() == pytest.approx(full_alone.loss.item(), rel=1e-6)
+    ids = teacher.topk(3, dim=-1).indices
+    lps = torch.log_softmax(teacher, dim=-1).gather(-1, ids)
+    topk = topk_distill_loss(TopkDistillInput(student, ids, lps, mask))
+    topk_alone = topk_distill_loss(TopkDistillInput(student[:, MODEL], ids[:, MODEL], lps[:, MODEL], alone))
+    assert topk.loss.item() == pytest.approx(topk_alone.loss.item(), rel=1e-6)
+    assert full.metrics["n_tokens"] == topk.metrics["n_tokens"] == 5
