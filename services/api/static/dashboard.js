@@ -282,6 +282,185 @@ async function renderConfig(cascadeId) {
   configShown = cascadeId;
 }
 
+// ------------------------------------------------------------------ steering (write token)
+// The token lives in this tab's sessionStorage only (never localStorage, a cookie or a URL); it is
+// sent only as a bearer header to /api/whoami and to the action paths the API itself offers.
+// Which actions a stage or cascade offers, and the state each leads to, come from the API.
+
+const TOKEN_KEY = "cascade.writeToken";
+let principal = null;      // the stored token's {name, role, can_write} once /api/whoami accepted it
+let tokenProblem = null;   // why steering is off although a token was given (refused, unreachable)
+let inFlight = null;       // the action path while its request is pending: every action button waits
+let pendingConfirm = null; // the action the confirmation dialog asks about
+let lastDetail = null;
+let actionsDone = 0;       // requests answered and redrawn after (body data-actions-done: tests wait on it)
+
+function storedToken() { return sessionStorage.getItem(TOKEN_KEY); }
+
+async function errorText(resp) {
+  // The API's own words: {"detail": "..."} (FastAPI's validation errors: a list of {msg}).
+  let text = `HTTP ${resp.status}`;
+  try {
+    const body = await resp.json();
+    if (typeof body.detail === "string") text += `: ${body.detail}`;
+    else if (Array.isArray(body.detail)) text += `: ${body.detail.map((d) => d.msg).join("; ")}`;
+  } catch (_) { /* not JSON: the status says enough */ }
+  return text;
+}
+
+async function checkToken() {
+  const token = storedToken();
+  principal = null;
+  if (!token) { renderToken(); return; }
+  tokenProblem = "checking the token…";
+  renderToken();
+  try {
+    const resp = await fetch("/api/whoami", { headers: { Accept: "application/json", Authorization: `Bearer ${token}` } });
+    if (resp.ok) {
+      principal = await resp.json();
+      tokenProblem = principal.can_write ? null : `token ${principal.name} is read-only (role ${principal.role})`;
+    } else {
+      tokenProblem = `token refused: ${await errorText(resp)}`;
+      if (resp.status === 401) sessionStorage.removeItem(TOKEN_KEY);  // never valid here: not kept
+    }
+  } catch (err) {
+    tokenProblem = `cannot check the token: ${err.message}`;
+  }
+  renderToken();
+}
+
+function steerBlocked() {
+  // null when this page may steer, else the reason it may not (shown beside the buttons)
+  if (!storedToken() && !tokenProblem) return "read-only: enter a write token to pause, resume, advance or abort";
+  if (tokenProblem) return `read-only: ${tokenProblem}`;
+  if (!principal || !principal.can_write) return "read-only: this token cannot steer";
+  return null;
+}
+
+function renderToken() {
+  const held = principal !== null && storedToken() !== null;
+  document.getElementById("token-input").hidden = held;
+  document.getElementById("token-use").hidden = held;
+  document.getElementById("token-forget").hidden = !storedToken();
+  const status = document.getElementById("token-status");
+  status.textContent = held ? `${principal.can_write ? "steering" : "read-only"} as ${principal.name}` : "read-only";
+  document.body.dataset.steer = steerBlocked() === null ? "on" : "off";
+  if (lastDetail) renderControls(lastDetail);
+}
+
+function useToken() {
+  const input = document.getElementById("token-input");
+  const value = input.value.trim();
+  input.value = "";  // the secret does not stay in the page
+  if (!value) return;
+  sessionStorage.setItem(TOKEN_KEY, value);
+  tokenProblem = null;
+  checkToken();
+}
+
+function forgetToken() {
+  sessionStorage.removeItem(TOKEN_KEY);
+  principal = null;
+  tokenProblem = null;
+  renderToken();
+}
+
+function showResult(kind, text) {
+  const box = document.getElementById("action-result");
+  box.hidden = false;
+  box.className = `action-result ${kind}`;
+  box.dataset.kind = kind;
+  box.textContent = text;
+}
+
+function label(action) {
+  return `${action.command[0].toUpperCase()}${action.command.slice(1)} → ${action.leads_to}`;
+}
+
+async function send(action, what) {
+  const token = storedToken();
+  if (!token || inFlight || !action.path.startsWith("/api/")) return;  // the token goes to this API only
+  inFlight = action.path;
+  document.body.dataset.inflight = action.path;
+  if (lastDetail) renderControls(lastDetail);
+  showResult("pending", `${what}: ${action.command} sent…`);
+  try {
+    const resp = await fetch(action.path, {
+      method: "POST", headers: { Accept: "application/json", Authorization: `Bearer ${token}` },
+    });
+    if (resp.ok) {
+      const body = await resp.json();
+      const note = body.changed ? "the runner applies it at its next step boundary" : "already in effect";
+      showResult("ok", `${what}: ${action.command} accepted → ${action.leads_to} (${note})`);
+    } else {
+      showResult("refused", `${what}: ${action.command} refused: ${await errorText(resp)}`);
+      if (resp.status === 401 || resp.status === 403) await checkToken();
+    }
+  } catch (err) {
+    showResult("refused", `${what}: ${action.command} failed: ${err.message}`);
+  } finally {
+    inFlight = null;
+    delete document.body.dataset.inflight;
+    await refresh();
+    document.body.dataset.actionsDone = String(++actionsDone);
+  }
+}
+
+function askConfirm(action, what, question) {
+  pendingConfirm = { action, what };
+  document.getElementById("confirm-text").textContent = question;
+  document.getElementById("confirm-yes").textContent = label(action);
+  document.getElementById("confirm").showModal();
+}
+
+function actionButton(action, what, question = null) {
+  const b = el("button", {
+    type: "button", class: `action action-${action.command}`, "data-command": action.command,
+    "data-path": action.path,
+  }, label(action));
+  const blocked = steerBlocked();
+  if (blocked !== null || inFlight !== null) {
+    b.disabled = true;
+    b.title = blocked !== null ? blocked : "waiting for the previous request";
+  }
+  b.addEventListener("click", () => (question ? askConfirm(action, what, question) : send(action, what)));
+  return b;
+}
+
+function renderControls(detail) {
+  lastDetail = detail;
+  const root = document.getElementById("controls");
+  root.replaceChildren();
+  const table = el("table", { id: "controls-table" });
+  for (const st of detail.stages) {
+    if (!st.actions.length) continue;
+    const tr = el("tr", { "data-stage": st.name });
+    const state = st.desired_state ? `${st.state}, ${st.desired_state} requested` : st.state;
+    tr.append(el("td", {}, `stage ${st.name}`), el("td", { class: "muted" }, state));
+    const cell = el("td");
+    for (const action of st.actions) cell.append(actionButton(action, `stage ${st.name}`));
+    tr.append(cell);
+    table.append(tr);
+  }
+  for (const action of detail.actions) {
+    const tr = el("tr", { "data-cascade": String(detail.id) });
+    tr.append(el("td", {}, `cascade ${detail.name}`), el("td", { class: "muted" }, detail.status));
+    const question = `Abort cascade #${detail.id} ${detail.name}? Idle stages end at once, a running one at its ` +
+      "next step boundary. An aborted cascade cannot be resumed.";
+    const cell = el("td");
+    cell.append(actionButton(action, `cascade ${detail.name}`, question));
+    tr.append(cell);
+    table.append(tr);
+  }
+  const note = document.getElementById("steer-note");
+  if (table.childElementCount) {
+    root.append(table);
+    note.textContent = steerBlocked() || "";
+  } else {
+    note.textContent = `nothing to steer: the cascade is ${detail.status}`;
+  }
+}
+
 // ------------------------------------------------------------------ main loop
 
 async function loadCascades() {
@@ -313,6 +492,7 @@ async function refresh() {
     renderReasons(reasons);
     renderEvents(events, detail);
     renderRun(detail);
+    renderControls(detail);
     await renderConfig(detail.id);
     document.getElementById("status").textContent =
       `${detail.name}: ${detail.status} · updated ${new Date().toLocaleTimeString()}`;
@@ -330,5 +510,16 @@ document.getElementById("cascade-select").addEventListener("change", (ev) => {
   history.replaceState(null, "", `?cascade=${selected}`);
   refresh();
 });
+document.getElementById("token-use").addEventListener("click", useToken);
+document.getElementById("token-input").addEventListener("keydown", (ev) => { if (ev.key === "Enter") useToken(); });
+document.getElementById("token-forget").addEventListener("click", forgetToken);
+document.getElementById("confirm-yes").addEventListener("click", () => {
+  const chosen = pendingConfirm;
+  document.getElementById("confirm").close();  // its close event forgets the question
+  if (chosen) send(chosen.action, chosen.what);
+});
+document.getElementById("confirm-no").addEventListener("click", () => document.getElementById("confirm").close());
+document.getElementById("confirm").addEventListener("close", () => { pendingConfirm = null; });
+checkToken();
 refresh();
 timer = setInterval(refresh, POLL_MS);
