@@ -1,7 +1,7 @@
 """The runner's store rides out database outages: which errors are retried, and every write is
 idempotent when a commit took effect but its reply was lost. A real SQLite store; the faults are
-raised from SQLAlchemy's own event hooks (the Postgres restart itself: tests/integration/
-test_database_outage.py)."""
+raised from SQLAlchemy's own event hooks (a real Postgres restarted during a run:
+tests/e2e/test_database_outage.py)."""
 
 from __future__ import annotations
 
