@@ -215,6 +215,11 @@ class AgentReward(StrictModel):
     """As the code reward's `sandbox`: `process` is NOT a security boundary."""
     sandbox_uid: int = Field(61000, ge=1)
 
+    @property
+    def heavy(self) -> bool:
+        """Scoring runs the sandbox (the python tool): the reward service sends it to its workers."""
+        return self.python_tool
+
 
 RewardConfig = Annotated[
     MathReward | CodeReward | IfReward | SweReward | RlhfReward | AgentReward, Field(discriminator="kind")

@@ -74,7 +74,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     args = p.parse_args(argv)
-    domains = {"math", "code", "if", "swe", "rlhf"}
+    domains = {"math", "code", "if", "swe", "rlhf", "agent"}
     args.remote_domains = frozenset(d.strip() for d in args.remote_domains.split(",") if d.strip())
     if not args.remote_domains <= domains:
         p.error(

@@ -42,9 +42,9 @@ def _always() -> bool:
 class DispatchConfig:
     remote_domains: frozenset[str] = frozenset({"code", "rlhf"})
     """Domains scored by the Celery workers; the others are scored by the front (`local`)."""
-    remote_when_heavy: frozenset[str] = frozenset({"swe"})
+    remote_when_heavy: frozenset[str] = frozenset({"swe", "agent"})
     """Domains scored by the workers too when their reward config says it is heavy (`heavy`:
-    swe's execution mode runs the sandbox, its judge a model)."""
+    swe's execution mode runs the sandbox, its judge a model; agent's python tool the sandbox)."""
     chunk_size: int = 8
     """Items per Celery task (the local processes take one item at a time)."""
     task_timeout_s: float = 300.0

@@ -162,3 +162,16 @@ def test_a_sandbox_that_cannot_run_is_infra_error_not_a_response() -> None:
     assert verdict.reason == INFRA_ERROR
     with pytest.raises(SandboxUnavailable):
         d.prepare()
+
+
+def test_reward_service_sends_the_python_tool_to_its_workers() -> None:
+    from services.reward.batch import Batch
+    from services.reward.scoring import DispatchConfig, Dispatcher
+
+    dispatcher = Dispatcher(DispatchConfig(), None, None)  # type: ignore[arg-type]
+    p = AgentDomain().make_problems("train", 1, seed=0)[0]
+
+    def heavy(reward: AgentReward | None) -> bool:
+        return dispatcher._heavy(Batch(DomainConfig(name="agent", reward=reward), [p], [p.answer]))
+
+    assert [heavy(None), heavy(AgentReward()), heavy(AgentReward(python_tool=True))] == [False, False, True]
