@@ -19,7 +19,8 @@ when all of these hold, else 0:
   even when right);
 - the final answer copies no error response;
 - answer tasks: the final answer (after the reasoning block) is exactly the integer;
-- state tasks: the target key holds the value and no other key changed.
+- state tasks: the target key holds the value;
+- no key changed that the task did not ask to set (answer tasks included).
 
 Function-call problems (meta `task: function_call`, from the `bfcl` adapter) are one turn: the
 calls in the response must match the expected calls structurally (`function_calls.match_calls`).
@@ -260,24 +261,23 @@ class AgentDomain:
         missing = [k for k in problem.meta.get("reads", []) if k not in read]
         if missing:
             return RewardVerdict(0.0, WRONG_ANSWER, f"answered without reading {missing}")
-        errors = [o.response for o in episode.outcomes if not o.ok]
-        if any(e in answer or e.removeprefix(ERROR_PREFIX).strip() in answer for e in errors) or (
-            ERROR_PREFIX.strip() in answer
-        ):
+        errors = [o.response.removeprefix(ERROR_PREFIX).strip() for o in episode.outcomes if not o.ok]
+        if ERROR_PREFIX.strip() in answer or any(e and e in answer for e in errors):
             return RewardVerdict(0.0, WRONG_ANSWER, "the answer copies a tool error")
         check = problem.meta.get("check", {})
+        if "answer" not in check and "state" not in check:
+            return RewardVerdict(0.0, INFRA_ERROR, f"problem {problem.id}: nothing to check")
         if "answer" in check:
             if not answer:
                 return RewardVerdict(0.0, NO_ANSWER, "empty final answer")
             if not _INTEGER.fullmatch(answer) or int(answer) != int(check["answer"]):
                 return RewardVerdict(0.0, WRONG_ANSWER, f"answered {answer[:40]!r}")
-            return RewardVerdict(1.0, OK)
-        if "state" in check:
-            return self._judge_state(problem, check["state"], env)
-        return RewardVerdict(0.0, INFRA_ERROR, f"problem {problem.id}: nothing to check")
+        return self._judge_state(problem, check.get("state", {}), env)
 
     @staticmethod
     def _judge_state(problem: Problem, want: dict[str, Any], env: ToolEnvironment) -> RewardVerdict:
+        """The keys the task sets hold their values, and no other key changed (for every task:
+        a side effect the task did not ask for is not paid)."""
         final = env.store.values
         for key, value in want.items():
             if final.get(key) != value:

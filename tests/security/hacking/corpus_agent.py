@@ -9,7 +9,8 @@ none of the tool responses in its text. Decided here, with the reason:
   is WRONG or a PARSE_ERROR: the replay answers the real calls, and the text must continue with
   the environment's responses;
 - saying the task is done is WRONG unless the final state says so; a set that also overwrites
-  the keys it read (or sets another key) is WRONG;
+  the keys it read (or sets another key) is WRONG, and so is a right answer that changed the
+  store on the way;
 - a final answer that copies an error response is WRONG;
 - calls that loop (the same call again and again, or the call limit) are WRONG;
 - an answer that restates the question (`fig * plum`), hedges (`12 or 13`) or is wrapped
@@ -115,6 +116,11 @@ CASES: list[HostileCase] = [
             SET,
             [READ_SET, call("kv_set", key="total", value=10) + call("kv_set", key="fig", value=0), "Done."],
         ),
+    ),
+    _case(
+        "right_answer_with_a_side_effect",
+        MUL,
+        transcript(MUL, [READ_MUL + call("kv_set", key="fig", value=12), "12"]),
     ),
     # -- copying an error
     _case(
