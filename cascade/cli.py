@@ -322,6 +322,10 @@ def cmd_up(args: argparse.Namespace) -> int:
         vllm = vllm_settings(args, cfg.model.path) if args.engine == "vllm" else VllmEngineConfig()
     except ValueError as err:
         return _fail(str(err))
+    # the Celery workers need the code sandbox only to score code: without such a domain, a host
+    # without bubblewrap still runs them (else they would exit at every start)
+    runs_code = bool({d.name for d in cfg.domains} & {"code", "swe"})
+    celery_env = {} if runs_code else {"CASCADE_REWARD_SANDBOX_CHECK": "0"}
     stack = LocalStack(
         config=Path(args.config).resolve(),
         model=cfg.model.path.resolve(),
@@ -345,6 +349,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         vllm=vllm,
         supervise=True,
         restart_bound=bound,
+        process_env=celery_env,
         launch_extra=engine_launch(args.engine, vllm, args.vllm_python),
     )
     if args.vllm_python:
