@@ -198,6 +198,8 @@ class AgentReward(StrictModel):
     kind: Literal["agent"] = "agent"
     max_response_chars: int = Field(16_000, ge=1)
     """Longer final responses get `output_limit` unread (`cascade.domains.length_bound`)."""
+    max_turns: int = Field(8, ge=1)
+    """Model turns in an episode (the turn loop stops there; a longer transcript is not paid)."""
     max_calls_per_turn: int = Field(4, ge=1)
     max_calls_per_episode: int = Field(12, ge=1)
     max_repeated_calls: int = Field(2, ge=1)

@@ -13,8 +13,8 @@ verifier replays it in a fresh environment and trusts none of its tool responses
 when all of these hold, else 0:
 - the transcript is the environment's (no forged or altered response: `parse_error`);
 - it ends in a final turn without calls (`no_answer` when it ends after calls);
-- no loop: the episode stayed under the call limit and made no call more than
-  `max_repeated_calls` times (`wrong_answer`);
+- no loop: the episode stayed within `max_turns` turns and the call limit, and made no call
+  more than `max_repeated_calls` times (`wrong_answer`);
 - every needed key was read by a successful `kv_get` (an answer without the calls is not paid,
   even when right);
 - the final answer copies no error response;
@@ -240,6 +240,8 @@ class AgentDomain:
     def _judge(self, problem: Problem, episode: Episode, env: ToolEnvironment) -> RewardVerdict:
         if episode.broken:
             return RewardVerdict(0.0, PARSE_ERROR, episode.broken)
+        if len(episode.turns) > self.config.max_turns:
+            return RewardVerdict(0.0, WRONG_ANSWER, f"more than {self.config.max_turns} turns")
         if env.stats.malformed["too_many_calls_episode"]:
             return RewardVerdict(
                 0.0, WRONG_ANSWER, f"call limit reached ({self.limits.max_calls_per_episode})"

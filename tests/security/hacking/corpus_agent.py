@@ -141,6 +141,13 @@ CASES: list[HostileCase] = [
         MUL,
         transcript(MUL, [READ_MUL] + [call("calc", expression=f"{n}+1") * 4 for n in range(4)] + ["12"]),
     ),
+    _case(
+        "too_many_turns",
+        GET,
+        transcript(
+            GET, [call("calc", expression=f"{n}+1") for n in range(8)] + [call("kv_get", key="lime"), "2"]
+        ),
+    ),
     # -- answers that are not the answer
     _case("restates_question", MUL, transcript(MUL, [READ_MUL, "fig * plum"])),
     _case("restates_arithmetic", MUL, transcript(MUL, [READ_MUL, "3*4"])),
