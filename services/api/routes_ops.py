@@ -45,6 +45,17 @@ def metrics(request: Request) -> Response:
     return Response(generate_latest(request.app.state.registry), media_type=CONTENT_TYPE_LATEST)
 
 
+DASHBOARD_HEADERS = {
+    # The page may hold a write token: only its own scripts run (no inline ones, so injected
+    # markup could not execute), it talks to this API only, and no other site may frame it.
+    "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self'; "
+    "img-src 'self' data:; object-src 'none'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+
+
 @router.get("/", include_in_schema=False)
 def dashboard() -> FileResponse:
-    return FileResponse(STATIC / "index.html", media_type="text/html")
+    return FileResponse(STATIC / "index.html", media_type="text/html", headers=DASHBOARD_HEADERS)

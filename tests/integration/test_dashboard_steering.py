@@ -19,6 +19,7 @@ text from the API (names) is inserted as text, never HTML.
 from __future__ import annotations
 
 import shutil
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -317,3 +318,17 @@ def test_api_text_is_never_html(chromium: str, served: tuple[ApiServer, Engine],
         assert browser.js("window.pwned") is None
         assert browser.js("document.getElementById('injected')") is None
         assert browser.js("document.querySelectorAll('img').length") == 0
+        # Defence in depth: the page's Content-Security-Policy blocks inline handlers even if
+        # markup were ever injected (here on purpose, by the test itself).
+        blocked = browser.js(
+            "(() => { const box = document.createElement('div');"
+            " box.innerHTML = '<img id=probe src=/no-such-image onerror=\"window.viaInline=1\">';"
+            " document.body.append(box); const probe = document.getElementById('probe');"
+            " return new Promise((done) => probe.addEventListener('error',"
+            " () => setTimeout(() => done(window.viaInline === undefined), 100))); })()"
+        )
+        assert blocked is True
+    with urllib.request.urlopen(f"{api.url}/", timeout=30) as page:
+        csp = page.headers["Content-Security-Policy"]
+        assert "script-src 'self'" in csp and "frame-ancestors 'none'" in csp, csp
+        assert page.headers["X-Frame-Options"] == "DENY" and page.headers["Referrer-Policy"] == "no-referrer"
