@@ -191,8 +191,6 @@ class AgentDomain:
             if self.config.python_tool
             else None
         )
-        self.last_stats: list[EpisodeStats] = []
-        """The replayed episodes' counts of the last `score_batch` (one per completion)."""
 
     def make_problems(self, split: str, n: int, seed: int) -> list[Problem]:
         return generate_problems(self.name, split, n, seed, draw_agent_problem)
@@ -211,31 +209,35 @@ class AgentDomain:
         return ToolEnvironment(self.format, store, tools=tools, limits=self.limits, python=self.python)
 
     def score_batch(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[RewardVerdict]:
+        return self.score_with_stats(problems, completions)[0]
+
+    def score_with_stats(
+        self, problems: Sequence[Problem], completions: Sequence[str]
+    ) -> tuple[list[RewardVerdict], list[EpisodeStats]]:
+        """Verdicts and each replayed episode's counts (the metrics' `episode_metrics`); empty
+        counts for a function-call problem or one that could not be replayed."""
         if len(problems) != len(completions):
             raise ValueError(f"{len(problems)} problems but {len(completions)} completions")
-        self.last_stats = []
-        return [self.score(p, c) for p, c in zip(problems, completions, strict=True)]
+        scored = [self._score_one(p, c) for p, c in zip(problems, completions, strict=True)]
+        return [v for v, _ in scored], [s for _, s in scored]
 
-    def score(self, problem: Problem, completion: str) -> RewardVerdict:
+    def _score_one(self, problem: Problem, completion: str) -> tuple[RewardVerdict, EpisodeStats]:
         task = problem.meta.get("task")
         if task == "function_call":
-            self.last_stats.append(EpisodeStats())
-            return self._score_function_call(problem, completion)
+            return self._score_function_call(problem, completion), EpisodeStats()
         if task != "store":
-            self.last_stats.append(EpisodeStats())
-            return RewardVerdict(0.0, INFRA_ERROR, f"problem {problem.id}: unknown agent task {task!r}")
+            return RewardVerdict(
+                0.0, INFRA_ERROR, f"problem {problem.id}: unknown agent task {task!r}"
+            ), EpisodeStats()
         try:
             env = self.environment(problem)
         except (TypeError, ValueError) as err:
-            self.last_stats.append(EpisodeStats())
-            return RewardVerdict(0.0, INFRA_ERROR, f"problem {problem.id}: {err}")
+            return RewardVerdict(0.0, INFRA_ERROR, f"problem {problem.id}: {err}"), EpisodeStats()
         try:
             episode = replay(completion, env)
         except ToolUnavailable as err:
-            self.last_stats.append(env.stats)
-            return RewardVerdict(0.0, INFRA_ERROR, str(err))
-        self.last_stats.append(env.stats)
-        return self._judge(problem, episode, env)
+            return RewardVerdict(0.0, INFRA_ERROR, str(err)), env.stats
+        return self._judge(problem, episode, env), env.stats
 
     def _judge(self, problem: Problem, episode: Episode, env: ToolEnvironment) -> RewardVerdict:
         if episode.broken:

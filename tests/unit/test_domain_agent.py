@@ -74,12 +74,12 @@ def test_episode_stats_per_completion() -> None:
     for n, turn in enumerate(turns):
         step = env.step(turn)
         text += turn + (FMT.env_text(step.responses) if n < len(turns) - 1 else "")
-    verdict = d.score_batch([p, p], [text, "0"])
+    verdict, episodes = d.score_with_stats([p, p], [text, "0"])
     assert [v.reason for v in verdict] == [OK, WRONG_ANSWER]
-    stats = d.last_stats[0].as_metrics()
+    stats = episodes[0].as_metrics()
     assert stats["turns"] == 3 and stats["calls"] == 2 and stats["calls_ok"] == 2
     assert stats["malformed_calls"] == 1 and stats[f"malformed_{BAD_JSON}"] == 1
-    assert d.last_stats[1].as_metrics()["calls"] == 0
+    assert episodes[1].as_metrics()["calls"] == 0
 
 
 def test_config_and_registry() -> None:
@@ -142,8 +142,7 @@ def test_episode_metrics_over_a_batch() -> None:
     d = AgentDomain()
     problems = d.make_problems("sft", 4, seed=5)
     completions = [p.answer for p in problems[:3]] + ["<tool_call>\nnope\n</tool_call>"]
-    d.score_batch(problems, completions)
-    metrics = episode_metrics(d.last_stats)
+    metrics = episode_metrics(d.score_with_stats(problems, completions)[1])
     calls = sum(sum(len(m.get("tool_calls", [])) for m in p.meta["trace"]) for p in problems[:3])
     assert metrics["calls_per_episode"] == calls / 4
     assert metrics["malformed_calls_per_episode"] == 1 / 4
