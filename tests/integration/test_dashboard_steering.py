@@ -22,6 +22,7 @@ import shutil
 import urllib.request
 import uuid
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ from sqlalchemy import Engine
 
 from cascade.store import leases, repo
 from cascade.store.db import make_engine, session_scope
-from cascade.store.models import Run
+from cascade.store.models import Run, RunLease, utcnow
 
 pytestmark = pytest.mark.postgres
 CHROMIUM = shutil.which("chromium")
@@ -170,6 +171,17 @@ def test_read_only_without_a_write_token(
         assert stage_of(api, stage_id) == ("running", None)
         assert api.log().count("POST /api/") == posts
 
+        # The runner's lease expires: the page says who would (not) apply a request.
+        with session_scope(engine) as s:
+            lease = s.get(RunLease, cascade_id)
+            assert lease is not None
+            lease.expires_at = utcnow() - timedelta(seconds=1)
+        refresh(browser)
+        assert note(browser) == (
+            "read-only: token viewer is read-only (role read) · no live runner holds this run: "
+            "stage requests wait for it to be resumed; abort ends it at once"
+        )
+
 
 def test_a_wrong_token_shows_the_refusal(
     chromium: str, served: tuple[ApiServer, Engine], tmp_path: Path
@@ -184,6 +196,18 @@ def test_a_wrong_token_shows_the_refusal(
         assert all(disabled for _, _, disabled in offered(browser))
         assert browser.js("document.body.dataset.state") == "ready"  # the page still works
         browser.click("#controls button[data-command=pause]")
+        assert stage_of(api, stage_id) == ("running", None)
+
+        # A token that stops being valid while the page holds it (rotated in the API's settings):
+        # the click is refused with the API's words, and the page drops to read-only.
+        enter_token(browser, WRITE_TOKEN)
+        assert browser.js("document.body.dataset.steer") == "on"
+        browser.js(f"sessionStorage.setItem('{TOKEN_KEY}', 'rotated-{uuid.uuid4().hex}')")
+        click_action(browser, "#controls button[data-command=pause]")
+        assert result(browser) == ("refused", "stage if: pause refused: HTTP 401: invalid token")
+        assert note(browser) == "read-only: token refused: HTTP 401: invalid token"
+        assert browser.js(f"sessionStorage.getItem('{TOKEN_KEY}')") is None
+        assert all(disabled for _, _, disabled in offered(browser))
         assert stage_of(api, stage_id) == ("running", None)
 
 

@@ -453,9 +453,12 @@ function renderControls(detail) {
     table.append(tr);
   }
   const note = document.getElementById("steer-note");
+  const run = detail.runs.length ? detail.runs[detail.runs.length - 1] : null;
+  const stalled = run !== null && run.status === "stalled"
+    ? "no live runner holds this run: stage requests wait for it to be resumed; abort ends it at once" : null;
   if (table.childElementCount) {
     root.append(table);
-    note.textContent = steerBlocked() || "";
+    note.textContent = [steerBlocked(), stalled].filter((part) => part).join(" · ");
   } else {
     note.textContent = `nothing to steer: the cascade is ${detail.status}`;
   }
