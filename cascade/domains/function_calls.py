@@ -268,4 +268,14 @@ def bfcl_row(row: Mapping[str, Any], fmt: ToolFormat) -> tuple[str, str, dict[st
     tools = [tool_schema(d) for d in docs]
     answer = fmt.render_calls(reference_calls(expected, tools))
     meta = {"task": "function_call", "tools": tools, "expected_calls": expected}
-    return _user_text(_json_field(row, "question")), answer, meta
+    return _user_text(_question(row["question"])), answer, meta
+
+
+def _question(value: Any) -> Any:
+    """The messages (a list, or JSON text of one), or the question itself as plain text."""
+    if isinstance(value, str) and value.lstrip().startswith("["):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value

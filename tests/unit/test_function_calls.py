@@ -166,3 +166,59 @@ def test_match_call_says_why() -> None:
     assert match_call(ToolCallText("g", {"x": 1}), expected, None).why == "called 'g', expected 'f'"
     assert match_call(ToolCallText("f", {}), expected, None).why == "f: missing argument 'x'"
     assert json.dumps(expected) == '{"f": {"x": [1], "y": ["", 2]}}'  # not mutated
+
+
+@pytest.mark.parametrize(
+    ("row", "why"),
+    [
+        ({"question": "q", "function": "not json", "ground_truth": "[]"}, "function is not JSON"),
+        ({"question": "q", "function": "[]", "ground_truth": "[]"}, "non-empty list of function docs"),
+        ({"question": "q", "function": [{"name": "f"}], "ground_truth": []}, "non-empty list of calls"),
+        (
+            {"question": "q", "function": [{"name": "f"}], "ground_truth": [{"f": {}, "g": {}}]},
+            "each ground-truth",
+        ),
+        (
+            {"question": "q", "function": [{"name": "f"}], "ground_truth": [{"f": {"x": 1}}]},
+            "lists its accepted",
+        ),
+        ({"question": "q", "function": [{"description": "x"}], "ground_truth": [{"f": {}}]}, "has no name"),
+        (
+            {
+                "question": [[{"role": "system", "content": "s"}]],
+                "function": [{"name": "f"}],
+                "ground_truth": [{"f": {}}],
+            },
+            "no user",
+        ),
+    ],
+)
+def test_bfcl_rows_that_cannot_be_problems(row: dict[str, Any], why: str) -> None:
+    from cascade.domains.function_calls import RowError, bfcl_row
+
+    with pytest.raises(RowError, match=why):
+        bfcl_row(row, FMT)
+
+
+def test_bfcl_row_with_plain_values() -> None:
+    from cascade.domains.function_calls import bfcl_row
+
+    prompt, answer, meta = bfcl_row(
+        {"question": "Call f.", "function": [{"name": "f", "parameters": {"type": "dict", "properties": {}}}],
+         "ground_truth": [{"f": {}}]},
+        FMT,
+    )  # fmt: skip
+    assert prompt == "Call f." and answer == FMT.render_calls([ToolCallText("f", {})])
+    assert meta["tools"] == [
+        {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
+    ]
+
+
+def test_bfcl_question_as_json_text_of_messages() -> None:
+    from cascade.domains.function_calls import bfcl_row
+
+    messages = json.dumps([[{"role": "user", "content": "Call f now."}]])
+    prompt, _, _ = bfcl_row(
+        {"question": messages, "function": [{"name": "f"}], "ground_truth": [{"f": {}}]}, FMT
+    )
+    assert prompt == "Call f now."
