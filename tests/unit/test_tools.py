@@ -51,6 +51,46 @@ OTHER_TEMPLATE = (
 )
 
 
+# Qwen3's history behaviour, written here in short: the assistant turn after the last user
+# message opens with an (empty) think block, earlier ones do not; text before calls is joined
+# to them with a newline.
+THINKING_HISTORY_TEMPLATE = (
+    "{%- set last_user = namespace(i=-1) -%}"
+    "{%- for m in messages -%}"
+    "{%- if m['role'] == 'user' -%}{%- set last_user.i = loop.index0 -%}{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- for m in messages -%}"
+    "{%- if m['role'] == 'assistant' -%}"
+    "{{ '<|im_start|>assistant\n' }}"
+    "{%- if loop.index0 > last_user.i and loop.last -%}{{ '<think>\n\n</think>\n\n' }}{%- endif -%}"
+    "{{ m['content'] or '' }}"
+    "{%- for c in m['tool_calls'] or [] -%}"
+    "{%- if m['content'] or not loop.first -%}{{ '\n' }}{%- endif -%}"
+    "{{ '<tool_call>\n' }}"
+    "{{ {'name': c['function']['name'], 'arguments': c['function']['arguments']} | tojson }}"
+    "{{ '\n</tool_call>' }}"
+    "{%- endfor -%}"
+    "{{ '<|im_end|>\n' }}"
+    "{%- elif m['role'] == 'tool' -%}"
+    "{%- if messages[loop.index0 - 1]['role'] != 'tool' -%}{{ '<|im_start|>user' }}{%- endif -%}"
+    "{{ '\n<tool_response>\n' + m['content'] + '\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' -%}{{ '<|im_end|>\n' }}{%- endif -%}"
+    "{%- else -%}"
+    "{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false -%}"
+    "{{ '<think>\n\n</think>\n\n' }}"
+    "{%- endif -%}"
+    "{%- endif -%}"
+)
+
+
+def test_format_survives_a_think_block_only_in_the_last_turn() -> None:
+    assert format_of_template(THINKING_HISTORY_TEMPLATE) == FMT
+
+
 def test_format_derived_from_the_tiny_template_is_qwen3s() -> None:
     assert (FMT.call_open, FMT.call_close) == ("<tool_call>", "</tool_call>")
     assert (FMT.name_key, FMT.arguments_key) == ("name", "arguments")
