@@ -21,6 +21,7 @@ from cascade.config import ChatConfig
 from cascade.domains.base import INFRA_ERROR, TRUNCATED, Problem, RewardVerdict
 from cascade.engine.base import SamplingSettings, VersionedGeneration
 from cascade.engine.hf import Generation, generate
+from cascade.engine.hf_engine import sample_request
 from cascade.model.chat import encode_prompts
 from cascade.model.loading import Policy
 
@@ -219,10 +220,6 @@ def request_seed(seed: int, *parts: object) -> int:
     return int.from_bytes(digest, "big") & (2**63 - 1)
 
 
-def seeded_generator(seed: int, *parts: object) -> torch.Generator:
-    return torch.Generator().manual_seed(request_seed(seed, *parts))
-
-
 def apply_overlong(
     verdicts: list[RewardVerdict], finish_reasons: list[str], overlong: str
 ) -> list[RewardVerdict]:
@@ -238,8 +235,9 @@ def apply_overlong(
 
 
 class PolicyGenerate:
-    """The policy in this process as a `GenerateFn`: a request with a seed samples from a
-    generator seeded with it (as the rollout service does), one without from `generator`."""
+    """The policy in this process as a `GenerateFn`, through the HF engine's sampling path
+    (`sample_request`): a request with a seed samples from a generator seeded with it (the
+    same tokens as the rollout service's HF engine), one without from `generator`."""
 
     def __init__(
         self,
@@ -253,19 +251,14 @@ class PolicyGenerate:
         self.version = version
 
     def __call__(self, prompts: list[list[int]], n: int, sampling: SamplingSettings) -> VersionedGeneration:
-        gen = self.generator
-        if sampling.seed is not None:
-            gen = torch.Generator().manual_seed(sampling.seed)
-        out = generate(
+        out = sample_request(
             self.policy.model,
-            [ids for ids in prompts for _ in range(n)],
-            max_new_tokens=sampling.max_tokens,
+            prompts,
+            n,
+            sampling,
             eos_ids=self.policy.eos_token_ids,
             pad_id=self.policy.pad_token_id,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            greedy=sampling.greedy,
-            generator=None if sampling.greedy else gen,
+            generator=self.generator,
         )
         return VersionedGeneration(generation=out, version=self.version(), n=n)
 

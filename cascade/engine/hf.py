@@ -12,8 +12,8 @@ prompt, each decode step is a batch of one token per row):
 - decode steps run through `cascade.engine.decode.StaticDecoder` (a preallocated cache, no HF
   mask or cache machinery per token) on the architectures it supports, the HF forward with a
   `DynamicCache` otherwise;
-- a sampled token costs one uniform draw per row (inverse CDF over the row's probabilities),
-  not one per vocabulary entry;
+- a sampled token costs one uniform draw per row (`cascade.engine.sampling`, inverse CDF over
+  the row's probabilities), not one per vocabulary entry;
 - rows that have finished leave the decode batch (once a quarter of it has), so the few long
   completions of a group that mostly stopped early decode alone.
 """
@@ -27,6 +27,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from cascade.engine import decode
 from cascade.engine.batch import left_pad, positions
+from cascade.engine.sampling import draw_uniform, next_tokens
 
 
 @dataclass
@@ -34,29 +35,6 @@ class Generation:
     completion_ids: list[list[int]]  # without padding, EOS included when produced
     logprobs: list[list[float]]  # one per completion token, at the sampling temperature
     finish_reasons: list[str]  # "stop" (EOS) or "length" (token budget)
-
-
-def _inverse_cdf(weights: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
-    """One index per row of `weights` [B, V] (>= 0, every row some positive), drawn with
-    probability proportional to its weight: the first index whose cumulative weight exceeds
-    `uniform` [B] (draws in [0, 1)) times the row's total. Zero weights are never drawn."""
-    cdf = weights.cumsum(-1)  # [B, V]
-    total = cdf[:, -1:]
-    u = uniform.to(cdf.dtype).unsqueeze(-1) * total
-    u = torch.minimum(u, torch.nextafter(total, torch.zeros_like(total)))  # u < total, even rounded
-    return torch.searchsorted(cdf, u, right=True).squeeze(-1)
-
-
-def _sample(logp: torch.Tensor, top_p: float, uniform: torch.Tensor) -> torch.Tensor:
-    """Token ids [B] from log-probs [B, V] (at the sampling temperature), within the top-p
-    nucleus, one uniform draw [B] per row."""
-    probs = logp.exp()
-    if top_p < 1.0:
-        sorted_p, order = probs.sort(dim=-1, descending=True)
-        cum = sorted_p.cumsum(-1)
-        sorted_p = sorted_p.masked_fill(cum - sorted_p > top_p, 0.0)
-        return order.gather(-1, _inverse_cdf(sorted_p, uniform).unsqueeze(-1)).squeeze(-1)
-    return _inverse_cdf(probs, uniform)
 
 
 def _share_prompts(prompts: list[list[int]]) -> tuple[list[list[int]], torch.Tensor]:
@@ -80,7 +58,7 @@ def generate(
     greedy: bool = False,
     generator: torch.Generator | None = None,
 ) -> Generation:
-    """Sample on the model's device (CPU or GPU); `generator` must live on that device."""
+    """Sample on the model's device (CPU or GPU); `generator` may live on any device."""
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
     was_training = model.training
@@ -144,13 +122,10 @@ def _decode(
     alive = torch.arange(batch, device=device)  # batch rows still in the decode batch
     done = torch.zeros(batch, dtype=torch.bool, device=device)  # per decode-batch row
     for step in range(max_new_tokens):
-        logp_all = torch.log_softmax(logits / temperature, dim=-1)
-        if greedy:
-            tok = logits.argmax(-1)
-        else:  # one draw per batch row every step, so a row's tokens never depend on others stopping
-            uniform = torch.rand(batch, generator=generator, device=device)
-            tok = _sample(logp_all, top_p, uniform.index_select(0, alive))
-        lp = logp_all.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
+        uniform = None
+        if not greedy:  # one draw per batch row every step, so a row's tokens never depend on others stopping
+            uniform = draw_uniform(batch, generator, device).index_select(0, alive)
+        tok, lp = next_tokens(logits, temperature=temperature, top_p=top_p, uniform=uniform)
         tok = tok.masked_fill(done, pad_id)
         tok_mat[alive, step] = tok
         lp_mat[alive, step] = lp.masked_fill(done, 0.0)

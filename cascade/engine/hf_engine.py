@@ -37,7 +37,8 @@ from cascade.engine.base import (
     check_generate_request,
     next_version,
 )
-from cascade.engine.hf import generate
+from cascade.engine.hf import Generation, generate
+from cascade.engine.sampling import request_generator
 from cascade.engine.weights import (
     check_config,
     check_tensors,
@@ -114,19 +115,8 @@ class HFEngine:
     def generate(self, prompts: list[list[int]], n: int, sampling: SamplingSettings) -> VersionedGeneration:
         check_generate_request(self._info, prompts, n, sampling)
         with self._acquire() as (model, version):
-            generator = None
-            if sampling.seed is not None:
-                generator = torch.Generator(device=model.device).manual_seed(sampling.seed)
-            gen = generate(
-                model,
-                [ids for ids in prompts for _ in range(n)],
-                max_new_tokens=sampling.max_tokens,
-                eos_ids=self._info.eos_token_ids,
-                pad_id=self._info.pad_token_id,
-                temperature=sampling.temperature,
-                top_p=sampling.top_p,
-                greedy=sampling.greedy,
-                generator=generator,
+            gen = sample_request(
+                model, prompts, n, sampling, eos_ids=self._info.eos_token_ids, pad_id=self._info.pad_token_id
             )
         return VersionedGeneration(generation=gen, version=version, n=n)
 
@@ -166,6 +156,35 @@ class HFEngine:
 
     def close(self) -> None:
         pass
+
+
+def sample_request(
+    model: PreTrainedModel,
+    prompts: list[list[int]],
+    n: int,
+    sampling: SamplingSettings,
+    *,
+    eos_ids: list[int],
+    pad_id: int,
+    generator: torch.Generator | None = None,
+) -> Generation:
+    """`n` completions of every prompt (prompt-major): the one sampling path of the HF engine
+    and of the policy in the learner's process (`cascade.rollout.PolicyGenerate`), so the two
+    give the same tokens for the same seed. A request with a seed samples from
+    `request_generator(seed)`, one without from `generator` (any device)."""
+    if sampling.seed is not None:
+        generator = request_generator(sampling.seed)
+    return generate(
+        model,
+        [ids for ids in prompts for _ in range(n)],
+        max_new_tokens=sampling.max_tokens,
+        eos_ids=eos_ids,
+        pad_id=pad_id,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        greedy=sampling.greedy,
+        generator=None if sampling.greedy else generator,
+    )
 
 
 def _load(model: PreTrainedModel, tensors: Mapping[str, torch.Tensor], source: str) -> None:

@@ -24,8 +24,9 @@ from transformers import (
 
 from cascade.engine import decode
 from cascade.engine.batch import build_batch
-from cascade.engine.hf import _inverse_cdf, generate
+from cascade.engine.hf import generate
 from cascade.engine.logprobs import completion_logits, gather_logprobs
+from cascade.engine.sampling import inverse_cdf
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
@@ -174,14 +175,14 @@ def test_sliding_window_models_take_the_hf_forward() -> None:
 def test_inverse_cdf_never_draws_a_zero_weight() -> None:
     weights = torch.tensor([[0.0, 0.3, 0.0, 0.7, 0.0]] * 4)
     uniform = torch.tensor([0.0, 0.3, 0.5, torch.nextafter(torch.tensor(1.0), torch.tensor(0.0)).item()])
-    assert _inverse_cdf(weights, uniform).tolist() == [1, 3, 3, 3]
-    assert _inverse_cdf(weights[:1], torch.tensor([0.2999])).tolist() == [1]
+    assert inverse_cdf(weights, uniform).tolist() == [1, 3, 3, 3]
+    assert inverse_cdf(weights[:1], torch.tensor([0.2999])).tolist() == [1]
 
 
 def test_inverse_cdf_draws_in_proportion() -> None:
     probs = torch.tensor([0.1, 0.0, 0.6, 0.3])
     n = 40_000
-    draws = _inverse_cdf(probs.expand(n, -1), torch.rand(n, generator=torch.Generator().manual_seed(0)))
+    draws = inverse_cdf(probs.expand(n, -1), torch.rand(n, generator=torch.Generator().manual_seed(0)))
     freq = torch.bincount(draws, minlength=4).float() / n
     assert freq[1] == 0
     torch.testing.assert_close(freq, probs, atol=0.01, rtol=0)
