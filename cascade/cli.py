@@ -372,12 +372,13 @@ def cmd_up(args: argparse.Namespace) -> int:
         db = public_db_url(args.db) if args.db else "SQLite in the run dir"
         print(f"redis {public_url(args.redis_url)} (streams {stack.stream_prefix}:*), db {db}")
         print(
-            f"dead processes are restarted (at most {bound.max_restarts} times each within "
+            f"dead processes are restarted (each up to {bound.max_restarts} times within "
             f"{bound.window_s:g}s), the learner is not; Ctrl-C stops them all",
             flush=True,
         )
         code = stack.wait(echo=True)
         if code != 0:
+            code = 128 - code if code < 0 else code  # killed by a signal: as a shell reports it
             learner = stack.procs["learner"]
             print(
                 f"error: the learner (pid {learner.pid}) ended: {learner.exit_status()} (its log: "

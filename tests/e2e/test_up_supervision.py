@@ -4,8 +4,9 @@
   reported and started again with the same arguments, and the run completes with contiguous
   steps and no sample trained twice (`LocalStack(supervise=True)`, as `cascade up` runs it).
 - `cascade up` itself: a worker that dies at every start passes its restart bound, the stack
-  stops with the reason and the resume command; that command, run as printed, finishes the run
-  from the checkpoint and appends to every log (the first run's output kept, each start marked).
+  stops with the reason and the resume command; that command, run as printed, continues from the
+  checkpoint; its learner SIGKILLed is not restarted, the same command is printed again, and run
+  once more it finishes the run. Every log is appended to (earlier output kept, each start marked).
 
 Needs Redis on 127.0.0.1:6379 (skipped without it).
 """
@@ -28,6 +29,7 @@ from typing import Any
 
 import pytest
 
+from cascade.checkpoint import latest_checkpoint
 from cascade.up import LocalStack
 
 REDIS_URL = os.environ.get("CASCADE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -194,7 +196,7 @@ def test_a_worker_dying_at_every_start_stops_up_with_the_resume_command_that_fin
         )
         started = {name: int(pid) for name, pid in pids}
         assert set(started) == {"rollout", "reward", "teacher", "worker-0", "worker-1", "learner"}, pids
-        _wait("a checkpoint", lambda: list((run_dir / "checkpoints").glob("step-*")), alive=first.alive)
+        _wait("a checkpoint", lambda: latest_checkpoint(run_dir / "checkpoints"), alive=first.alive)
         # worker-1 now dies at every start: killed, restarted once, killed again -> past the bound
         os.kill(started["worker-1"], signal.SIGKILL)
         restarted = _wait(
@@ -234,14 +236,31 @@ def test_a_worker_dying_at_every_start_stops_up_with_the_resume_command_that_fin
     trained_before = len(_trained(run_dir))
     assert 1 <= trained_before < steps
 
-    resumed = UpProcess(words[1:], tmp_path, "resumed")  # the hint, as printed
-    assert resumed.wait(timeout_s=400) == 0, resumed.stderr()[-3000:]
+    # the hint as printed; its learner killed: not restarted, the same hint printed again
+    resumed = UpProcess(words[1:], tmp_path, "resumed")
+    try:
+        _wait("a step after the resume", lambda: len(_trained(run_dir)) > trained_before, alive=resumed.alive)
+        learner_pid = int(re.findall(r"^\s+learner\s+pid (\d+)", resumed.stdout(), re.M)[-1])
+        os.kill(learner_pid, signal.SIGKILL)
+        assert resumed.wait(timeout_s=120) == 128 + signal.SIGKILL
+    finally:
+        if resumed.alive():
+            resumed.popen.send_signal(signal.SIGTERM)
+            resumed.popen.wait(timeout=60)
+    err = resumed.stderr()
+    assert f"error: the learner (pid {learner_pid}) ended: killed by SIGKILL" in err, err[-3000:]
+    assert "cascade up does not restart it: only --resume continues the run" in err
+    assert f"continue with: {hint.group(1)}" in err  # the same command, stable across crashes
+    assert "restarted" not in err
+
+    finished = UpProcess(words[1:], tmp_path, "finished")
+    assert finished.wait(timeout_s=400) == 0, finished.stderr()[-3000:]
     _assert_contiguous_once_each(e2e, run_dir, steps=steps)
-    assert "resumed from step-" in resumed.stdout()
+    assert "resumed from step-" in finished.stdout()
     for name, before in logs_before.items():  # appended, never truncated
         after = (log_dir / name).read_bytes()
         assert after.startswith(before) and len(after) > len(before), name
     learner_log = (log_dir / "learner.log").read_text()
-    assert learner_log.count("=== cascade up ") == 2 and "resumed from step-" in learner_log
+    assert learner_log.count("=== cascade up ") == 3 and learner_log.count("resumed from step-") == 2
     worker_log = (log_dir / "worker-1.log").read_text()
-    assert worker_log.count("=== cascade up ") == 3  # start, restart 1, the resumed stack's start
+    assert worker_log.count("=== cascade up ") == 4  # start, restart 1, one per resumed stack
