@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 import urllib.request
@@ -59,8 +60,9 @@ def stack(random_tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> 
         s.stop()
 
 
-def _configure(e2e: Any, stack: LocalStack, tmp_path: Path, stages: int, steps: int) -> Path:
+def _configure(e2e: Any, stack: LocalStack, tmp_path: Path, stages: int, steps: int, **extra: Any) -> Path:
     def edit(data: dict[str, Any]) -> None:
+        data.update(extra)
         data["rollout"] = {"seeding": "per_request", "prompts_per_request": 1}
         data["stages"] = data["stages"][:stages]
         for stage in data["stages"]:
@@ -233,3 +235,29 @@ def test_rollout_replica_killed_and_restarted_on_its_port(
     assert outages.get("rollout", 0) >= 1, outages
     metrics = _check_run(e2e, run_dir, 4, "rollout")
     assert metrics[-1]["rollout_replicas"] == 1 and metrics[-1]["replicas_out"] == 0
+
+
+def test_every_replica_down_past_the_bound_stops_the_run_with_its_resume_command(
+    stack: LocalStack, e2e: Any, tmp_path: Path
+) -> None:
+    """`resilience.rollout_s: 3` and the only replica SIGKILLed for good: the learner stops with
+    the reason and the resume command, exit code 75 (EX_TEMPFAIL). Last in the module: the
+    rollout service stays dead."""
+    run_dir = _configure(e2e, stack, tmp_path, stages=1, steps=6, resilience={"rollout_s": 3})
+    try:
+        for i in range(2):
+            stack.worker(i)
+        learner = stack.start_learner()
+        _wait("step 1", lambda: len(_trained(run_dir)) >= 1, learner)
+        rollout = stack.procs["rollout"]
+        rollout.signal_group(signal.SIGKILL)
+        code = stack.wait(timeout_s=120)
+        log = learner.log()
+    finally:
+        stack.stop_run()
+    assert code == 75, log[-3000:]
+    stopped = re.search(r"error: learner stopped: rollout unreachable for (\d+)s \(bound reached\)", log)
+    assert stopped is not None and 3 <= int(stopped.group(1)) <= 10, log[-3000:]  # probed every 2 s
+    assert "continue with:" in log and "--resume" in log.split("continue with:")[-1], log[-3000:]
+    assert log.count("rollout unreachable") == 2  # the outage begun, then the stop
+    assert "Traceback" not in log, log[-3000:]

@@ -159,3 +159,26 @@ def test_redis_down_past_its_bound_stops_the_learner(private_redis: PrivateRedis
     assert 1.5 <= time.monotonic() - t0 < 10
     assert sum("redis unreachable" in line for line in lines) == 1, lines
     rollouts.close()
+
+
+def test_a_worker_exits_75_when_redis_stays_away_past_its_bound(tmp_path: Path) -> None:
+    """`--redis-wait-s 1` and no Redis on the port: one warning, then exit 75 (EX_TEMPFAIL) with
+    the reason; a supervisor may start it again."""
+    import subprocess
+    import sys
+
+    from cascade.up import REPO, free_port
+
+    argv = [
+        sys.executable,
+        "-m",
+        "services.rollout.worker",
+        "--redis-url",
+        f"redis://127.0.0.1:{free_port()}/0",
+    ]
+    argv += ["--stream-prefix", "cascade:blip:none", "--rollout", "127.0.0.1:1", "--reward", "127.0.0.1:1"]
+    argv += ["--tokenizer", str(tmp_path), "--redis-wait-s", "1"]
+    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 75, done.stderr[-2000:]
+    assert done.stderr.count("redis unreachable") == 2, done.stderr[-2000:]  # begun, then the stop
+    assert "worker stopped: redis unreachable for 1s (bound reached): ConnectionError" in done.stderr
