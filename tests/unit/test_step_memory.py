@@ -1,6 +1,8 @@
 """Bounds on configs that would exhaust the machine (`cascade.step_memory`): a step that
 certainly needs more memory than the learner has is refused by `cascade validate` and by
-`cascade run` before anything is written, naming the field; `learner.memory_gib` overrides."""
+`cascade run` before anything is written, naming the field; `learner.memory_gib` overrides.
+And what exhausts the machine anyway: a checkpoint that hits a full disk leaves no `.tmp`, and
+the run's crash (as any database, disk or Redis error's) prints the command that resumes it."""
 
 from __future__ import annotations
 
@@ -126,3 +128,51 @@ def test_a_checkpoint_that_runs_out_of_disk_leaves_no_tmp(
     assert err.value.errno == errno.ENOSPC
     assert sorted(p.name for p in root.iterdir()) == ["step-000001"]  # no .tmp; the last one intact
     assert checkpoint.latest_checkpoint(root) == root / "step-000001"
+
+
+def test_a_run_whose_checkpoint_hits_a_full_disk_prints_the_resume_command(
+    random_tiny_model: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from cascade import checkpoint
+    from cascade.cli import main
+
+    cfg = data(random_tiny_model, tmp_path, group_size=2, prompts_per_step=2)
+    cfg["stages"][0]["advance"] = {"max_steps": 3}
+    cfg["stages"][0]["eval"] = {"every": 1000, "n_prompts": 2}
+    cfg["checkpoint"] = {"every": 1, "keep_last": 2}
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    real, calls = checkpoint.save_file, []
+
+    def fills_up(*args: Any, **kwargs: Any) -> None:
+        calls.append(1)
+        if len(calls) > 2:  # the second checkpoint: the disk is full
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real(*args, **kwargs)
+
+    monkeypatch.setattr(checkpoint, "save_file", fills_up)
+    run_dir = tmp_path / "runs" / "bounds"
+    assert main(["run", str(path), "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert "No space left on device" in err
+    assert f"cascade run {path} --resume --run-dir {run_dir}" in err
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-000001"]  # no .tmp
+    monkeypatch.setattr(checkpoint, "save_file", real)  # space freed: the hint continues the run
+    assert main(["run", str(path), "--resume", "--run-dir", str(run_dir), "--no-progress"]) == 0
+
+
+def test_outages_are_told_from_bugs() -> None:
+    import redis
+    from sqlalchemy.exc import OperationalError
+
+    from cascade.cli import _is_outage
+    from cascade.resilience import DependencyDown
+
+    assert _is_outage(OSError(errno.ENOSPC, "No space left on device"))
+    assert _is_outage(OperationalError("SELECT 1", {}, Exception("server closed the connection")))
+    assert _is_outage(DependencyDown("database", ConnectionError("refused"), 300))
+    assert _is_outage(redis.exceptions.ConnectionError("Connection refused"))
+    assert not _is_outage(ValueError("a bug")) and not _is_outage(KeyError("x"))
