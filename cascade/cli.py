@@ -454,8 +454,12 @@ def build_parser() -> argparse.ArgumentParser:
         "stored; or with --resume --run-dir: the one the run recorded)",
     )
     p.add_argument("--resume", action="store_true", help="continue from the run's last checkpoint")
-    p.add_argument("--fresh", action="store_true", help="delete the run directory first (asks; see --yes)")
-    p.add_argument("--yes", action="store_true", help="with --fresh: delete without asking")
+    p.add_argument(
+        "--fresh",
+        action="store_true",
+        help="move the run directory aside (<run>.old-<time>) and start over (asks; see --yes)",
+    )
+    p.add_argument("--yes", action="store_true", help="with --fresh: move it aside without asking")
     p.add_argument("--no-distill", action="store_true", help="ablation: no distillation in any stage")
     p.add_argument("--run-dir", help="default: <output_dir>/<name>[-no-distill]")
     p.add_argument("--db", help="SQLAlchemy URL for stage state and metrics (default: SQLite in the run dir)")
@@ -507,8 +511,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="learner processes (torchrun on this host; the policy sharded with FSDP2; default: 1)",
     )
     p.add_argument("--resume", action="store_true", help="continue from the run's last checkpoint")
-    p.add_argument("--fresh", action="store_true", help="delete the run directory first (asks; see --yes)")
-    p.add_argument("--yes", action="store_true", help="with --fresh: delete without asking")
+    p.add_argument(
+        "--fresh",
+        action="store_true",
+        help="move the run directory aside (<run>.old-<time>) and start over (asks; see --yes)",
+    )
+    p.add_argument("--yes", action="store_true", help="with --fresh: move it aside without asking")
     p.add_argument("--cascade-id", type=int, help="run a cascade created through the control plane (in --db)")
     p.add_argument(
         "--follow",

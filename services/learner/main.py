@@ -69,8 +69,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-distill", action="store_true", help="ablation: no distillation in any stage")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--resume", action="store_true", help="continue from the run's last checkpoint")
-    mode.add_argument("--fresh", action="store_true", help="delete the run directory first (asks; see --yes)")
-    p.add_argument("--yes", action="store_true", help="with --fresh: delete without asking")
+    mode.add_argument(
+        "--fresh",
+        action="store_true",
+        help="move the run directory aside (<run>.old-<time>) and start over (asks; see --yes)",
+    )
+    p.add_argument("--yes", action="store_true", help="with --fresh: move it aside without asking")
     p.add_argument("--cascade-id", type=int, help="run a cascade created through the control plane (in --db)")
     p.add_argument(
         "--follow", action="store_true", help="when paused by an operator, wait for resume or abort (stay up)"
