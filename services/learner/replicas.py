@@ -232,7 +232,9 @@ class RolloutReplicas:
                         f"  rollout replica {address} held engine version {held} (restarted?): "
                         f"given version {version - self.offset} again"
                     )
-            except Exception as err:  # noqa: BLE001 - any failure takes the replica out
+            except Exception as err:  # noqa: BLE001 - any other failure takes the replica out
+                if isinstance(err, grpc.RpcError) and err.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                    continue  # busy, not gone: a push or a generation will tell
                 with self._lock:
                     if self.active.pop(address, None) is not None:
                         client.close()

@@ -222,6 +222,11 @@ def test_every_replica_down_is_an_outage_ridden_out_until_one_answers_again() ->
     cluster.replicas["a"].version = 0  # restarted between two probes
     r.heal()
     assert cluster.replicas["a"].version == 2 and "a" in r.active
+    slow = FakeRpcError(grpc.StatusCode.DEADLINE_EXCEEDED, "busy")
+    cluster.replicas["a"].model_info = lambda **kw: (_ for _ in ()).throw(slow)  # type: ignore[method-assign]
+    r.heal()  # a probe that times out: busy, not gone
+    assert "a" in r.active and not outage.degraded
+    del cluster.replicas["a"].model_info
     cluster.replicas["a"].dead = True
     r.heal()  # down: taken out, the outage opens
     assert not r.active and outage.degraded and outage.stats.outages == 2
