@@ -77,6 +77,13 @@ def _largest_budget(stage: StageConfig) -> int:
     return max([budget.max_new_tokens, *budget.grow_to])
 
 
+def _prompts_per_step(cfg: CascadeConfig, stage: StageConfig) -> int:
+    """A step samples at most the whole train set (known up front for synthetic prompts)."""
+    wanted = stage.grpo.prompts_per_step
+    n_train = getattr(cfg.domain(stage.domain).prompts, "n_train", None)
+    return min(wanted, n_train) if isinstance(n_train, int) else wanted
+
+
 def _teachers(cfg: CascadeConfig, index: int) -> int:
     stage = cfg.stages[index]
     if not stage.distill.enabled or index == 0:
@@ -132,13 +139,14 @@ def estimate_steps(cfg: CascadeConfig, shape: ModelShape, *, act_bytes: int = 4)
         g = stage.grpo
         completion = _largest_budget(stage)
         per_seq = shape.sequence_bytes(PROMPT_TOKENS + completion, completion, act_bytes)
-        rl_seqs = g.group_size * g.prompts_per_step
+        prompts = _prompts_per_step(cfg, stage)
+        rl_seqs = g.group_size * prompts
         d = stage.distill
         distill_seqs = _teachers(cfg, i) * d.prompts_per_teacher * d.samples_per_prompt
         total = state + max(rl_seqs, distill_seqs) * per_seq
         values = {
             "group_size": g.group_size,
-            "prompts_per_step": g.prompts_per_step,
+            "prompts_per_step": prompts,
             "budget.max_new_tokens": completion,
         }
         if distill_seqs > rl_seqs:
@@ -147,7 +155,7 @@ def estimate_steps(cfg: CascadeConfig, shape: ModelShape, *, act_bytes: int = 4)
         else:
             worst = max(values, key=lambda k: values[k] / DEFAULTS[k])
             field = f"stages.{i}.grpo.{worst}"
-            seqs = f"{g.group_size} x {g.prompts_per_step} sequences"
+            seqs = f"{g.group_size} x {prompts} sequences"
         detail = (
             f"{seqs} of up to {PROMPT_TOKENS + completion} tokens on a {shape.layers}-layer model "
             f"of hidden size {shape.hidden} and vocabulary {shape.vocab}"

@@ -54,10 +54,12 @@ def test_the_field_named_is_the_one_furthest_above_its_default(
     big_budget["stages"][0]["grpo"]["budget"] = {"max_new_tokens": 10_000_000}
     [est] = estimate_steps(CascadeConfig.model_validate(big_budget), shape)
     assert est.field == "stages.0.grpo.budget.max_new_tokens"
-    [est] = estimate_steps(
-        CascadeConfig.model_validate(data(random_tiny_model, tmp_path, prompts_per_step=10**9)), shape
-    )
-    assert est.field == "stages.0.grpo.prompts_per_step"
+    many_prompts = data(random_tiny_model, tmp_path, prompts_per_step=10**9)
+    capped = estimate_steps(CascadeConfig.model_validate(many_prompts), shape)[0]
+    assert capped.bytes < GIB  # a step samples at most the 16 train prompts there are
+    many_prompts["domains"][0]["prompts"]["n_train"] = 10**9
+    [est] = estimate_steps(CascadeConfig.model_validate(many_prompts), shape)
+    assert est.field == "stages.0.grpo.prompts_per_step" and est.bytes > 1000 * GIB
     small, large = (
         estimate_steps(CascadeConfig.model_validate(data(random_tiny_model, tmp_path, group_size=g)), shape)[
             0
