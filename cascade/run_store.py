@@ -134,6 +134,7 @@ class RunStore:
         self.watched: list[Dependency] = [self.database]
         """Dependencies whose ended outages `record_step` logs as `outage` events."""
         self._outages_logged: dict[str, tuple[int, float]] = {}
+        self._degraded_shown: set[str] = set()
         self.cascade_id: int | None = None
         self.run_id: int | None = None
         self.stage_ids: list[int] = []
@@ -242,9 +243,19 @@ class RunStore:
     # not `_retried`: the heartbeat thread retries at its next beat, and a release during an
     # outage would hold up the exit (an unreleased lease expires by itself)
     def renew_lease(self, token: str, expiry_s: float) -> bool:
-        cascade_id, _ = self._ids()
+        """The heartbeat; with it, a `degraded` event for each watched dependency (other than the
+        database, which cannot be written to while down) whose outage began since the last beat,
+        so the API shows it while it lasts (its end is the `outage` event of the next step)."""
+        cascade_id, run_id = self._ids()
+        down = [d for d in self.watched if d.degraded and d is not self.database]
+        new = [d for d in down if d.name not in self._degraded_shown]
         with db.session_scope(self.engine) as s:
-            return leases.renew(s, cascade_id=cascade_id, token=token, expiry_s=expiry_s)
+            held = leases.renew(s, cascade_id=cascade_id, token=token, expiry_s=expiry_s)
+            for dep in new if held else ():
+                detail = {"run_id": run_id, "dependency": dep.name, "cause": dep.cause}
+                repo.log_event(s, cascade_id=cascade_id, kind="degraded", actor=ACTOR, detail=detail)
+        self._degraded_shown = {d.name for d in down}
+        return held
 
     def release_lease(self, token: str) -> None:
         if self.cascade_id is None:

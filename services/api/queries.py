@@ -12,11 +12,23 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from cascade.config import LeaseConfig
 from cascade.store import leases, repo
 from cascade.store.history import EvalPoint
 from cascade.store.lifecycle import NotFound, get_row
-from cascade.store.models import ACTIVE_STAGE_STATES, Cascade, Checkpoint, Event, Run, RunLease, Stage, Step
+from cascade.store.models import (
+    ACTIVE_STAGE_STATES,
+    Cascade,
+    Checkpoint,
+    Event,
+    Run,
+    RunLease,
+    Stage,
+    Step,
+    utcnow,
+)
 from services.api import actions, schemas
+from services.api.run_health import run_health
 
 
 def _max_steps(cascade: Cascade, index: int) -> int | None:
@@ -46,7 +58,13 @@ def stage_out(stage: Stage, cascade: Cascade | None = None) -> schemas.StageOut:
     )
 
 
-def run_out(run: Run, lease: RunLease | None = None, stages: list[Stage] | None = None) -> schemas.RunOut:
+def run_out(
+    run: Run,
+    lease: RunLease | None = None,
+    stages: list[Stage] | None = None,
+    health_events: list[Event] | None = None,
+    heartbeat_s: float = 5.0,
+) -> schemas.RunOut:
     """The run as stored, with `stalled` derived from the cascade's lease: a running run whose
     stage is running but that no live runner holds, or whose stage is paused and whose runner
     died holding it (a runner that stopped cleanly at the pause released its lease)."""
@@ -71,7 +89,21 @@ def run_out(run: Run, lease: RunLease | None = None, stages: list[Stage] | None 
         output_dir=run.output_dir,
         holder=holder,
         heartbeat_at=mine.heartbeat_at if mine is not None else None,
+        **_health(run, mine if holder is not None else None, health_events or [], heartbeat_s),
     )
+
+
+def _health(run: Run, live: RunLease | None, events: list[Event], heartbeat_s: float) -> dict[str, Any]:
+    now = utcnow()
+    degraded, outages = run_health(run.id, events, live, heartbeat_s=heartbeat_s, now=now)
+    age = None if live is None else round((now - live.heartbeat_at).total_seconds(), 1)
+    return {"degraded": degraded, "outages": outages, "heartbeat_age_s": age}
+
+
+def _heartbeat_s(cascade: Cascade) -> float:
+    lease = cascade.config.get("lease") if isinstance(cascade.config, dict) else None
+    value = lease.get("heartbeat_s") if isinstance(lease, dict) else None
+    return float(value) if isinstance(value, int | float) else LeaseConfig().heartbeat_s
 
 
 def cascade_summary(session: Session, cascade: Cascade) -> schemas.CascadeSummary:
@@ -98,6 +130,13 @@ def cascade_detail(session: Session, cascade_id: int) -> schemas.CascadeOut:
     stage_rows = repo.list_stages(session, cascade_id=cascade_id)
     lease = leases.lease_of(session, cascade_id)
     offered = actions.cascade_actions(cascade, stage_rows, runs, runner_live=leases.is_live(lease))
+    health = list(
+        session.scalars(
+            select(Event)
+            .where(Event.cascade_id == cascade_id, Event.kind.in_(("outage", "degraded")))
+            .order_by(Event.id)
+        )
+    )
     return schemas.CascadeOut(
         id=cascade.id,
         name=cascade.name,
@@ -105,7 +144,7 @@ def cascade_detail(session: Session, cascade_id: int) -> schemas.CascadeOut:
         created_at=cascade.created_at,
         config=cascade.config if isinstance(cascade.config, dict) else {},
         stages=[stage_out(s, cascade) for s in stage_rows],
-        runs=[run_out(r, lease, stage_rows) for r in runs],
+        runs=[run_out(r, lease, stage_rows, health, _heartbeat_s(cascade)) for r in runs],
         actions=offered,
     )
 

@@ -53,6 +53,14 @@ class StageOut(BaseModel):
     """The commands this stage offers in its current state (see `ActionOut`)."""
 
 
+class DependencyOutages(BaseModel):
+    outages: int = 0
+    down_s: float = 0.0
+    last_cause: str | None = None
+    last_at: datetime | None = None
+    """When the last one was recorded (at the first step after it ended)."""
+
+
 class RunOut(BaseModel):
     id: int
     kind: str
@@ -68,6 +76,14 @@ class RunOut(BaseModel):
     """The live runner's `host pid N (since ...)`, if one holds the cascade for this run."""
     heartbeat_at: datetime | None = None
     """The last heartbeat of the runner that held (or holds) this run's lease."""
+    heartbeat_age_s: float | None = None
+    """Seconds since that heartbeat, while a live runner holds the run."""
+    degraded: dict[str, str] = {}
+    """While a live runner rides out an outage: dependency (`redis`, `teacher`, `rollout`, or
+    `heartbeat` when the runner has gone silent, e.g. it cannot reach the database) -> what is
+    known. Empty when all is well (`services.api.run_health`)."""
+    outages: dict[str, DependencyOutages] = {}
+    """The outages this run rode out, by dependency (`database`, `redis`, `teacher`, `rollout`)."""
 
 
 class CascadeSummary(BaseModel):

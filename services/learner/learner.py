@@ -90,10 +90,12 @@ def distributed_runner(
         teachers = ServiceTeachers(teacher, vocab_size=_vocab_size(config), log=log, outage=outages.teacher)
     sources = RunSources(rollouts=rollouts, teachers=teachers, weights=rollouts)
     try:
-        return CascadeRunner(config, sources, run_dir=run_dir, **kwargs)
+        runner = CascadeRunner(config, sources, run_dir=run_dir, **kwargs)
     except BaseException:
         sources.close()
         raise
+    runner.store.watched.extend(outages.all())  # their outages become events the API shows
+    return runner
 
 
 def _vocab_size(config: CascadeConfig) -> int:

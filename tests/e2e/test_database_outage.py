@@ -29,6 +29,8 @@ import pytest
 from private_postgres import PrivatePostgres
 
 from cascade.embedded import embedded_runner
+from cascade.store.db import make_engine, session_scope
+from services.api import queries
 
 pytestmark = pytest.mark.postgres
 
@@ -114,6 +116,14 @@ def test_a_postgres_restart_at_a_random_step_is_ridden_out(
     ]
     outages = [kind for kind, *_ in e2e.rows(url).events if kind == "outage"]
     assert outages == ["outage"]
+    engine = make_engine(url)  # what the API shows of the run
+    try:
+        with session_scope(engine) as s:
+            shown = queries.cascade_detail(s, queries.list_cascades(s, limit=1, offset=0)[0].id).runs[0]
+    finally:
+        engine.dispose()
+    assert shown.outages["database"].outages == 1 and shown.outages["database"].down_s >= 1.0
+    assert shown.degraded == {}
 
 
 def _cascade_run(*argv: str) -> subprocess.Popen[str]:
