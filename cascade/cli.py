@@ -419,7 +419,8 @@ def _up_hint(args: argparse.Namespace, run_dir: Path, stack) -> str:  # stack: L
             ["cascade", *getattr(args, "argv", [])]
         )
     record.launch = stack.launch()
-    return f"continue with: {resume_command(args.config, run_dir, record, embedded=False)}"
+    # absolute paths: the command works from any directory (pasted at 3 a.m. elsewhere)
+    return f"continue with: {resume_command(stack.config, stack.run_dir, record, embedded=False)}"
 
 
 def track_arg(value: str) -> list[str]:
