@@ -33,6 +33,22 @@ def save_model_dir(policy: Policy, path: Path) -> None:
     policy.tokenizer.save_pretrained(path)
 
 
+def save_model_dir_atomically(policy: Policy, path: Path) -> None:
+    """A model directory (a teacher, the KL reference) written next to `path` and renamed into
+    place: a write cut short (ENOSPC, a kill) never leaves a directory that looks complete,
+    which a resumed run would load as it is."""
+    tmp = path.with_name(path.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        save_model_dir(policy, tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if path.exists():
+        shutil.rmtree(path)
+    tmp.rename(path)
+
+
 def _optimizer_tensors(optim: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     state = optim.state_dict()
     tensors: dict[str, torch.Tensor] = {}

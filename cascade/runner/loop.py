@@ -34,7 +34,7 @@ from cascade.checkpoint import (
     latest_checkpoint,
     prune_checkpoints,
     read_runner_state,
-    save_model_dir,
+    save_model_dir_atomically,
 )
 from cascade.config import CascadeConfig, StageConfig, parse_watched_metric
 from cascade.curriculum import AdvanceTracker, TeacherRegistry
@@ -583,7 +583,7 @@ class CascadeRunner:
             return None
         path = self.run_dir / "references" / f"stage-{self.state.stage_index}"
         if not path.exists():
-            save_model_dir(self.policy, path)
+            save_model_dir_atomically(self.policy, path)
         return path.resolve()
 
     # ------------------------------------------------------------------ eval, teachers, checkpoints
@@ -642,7 +642,7 @@ class CascadeRunner:
         path = self.teacher_root / f"{domain}-g{self.state.global_step:06d}"
         if not self.registry.offer(domain, score, self.state.global_step, str(path)):
             return
-        save_model_dir(self.policy, path)
+        save_model_dir_atomically(self.policy, path)
         self.sources.teachers.register(domain, path.resolve())
         self.store.record_teacher(
             self.state.stage_index,

@@ -178,3 +178,20 @@ def test_outages_are_told_from_bugs() -> None:
     assert _is_outage(DependencyDown("database", ConnectionError("refused"), 300))
     assert _is_outage(redis.exceptions.ConnectionError("Connection refused"))
     assert not _is_outage(ValueError("a bug")) and not _is_outage(KeyError("x"))
+
+
+def test_a_teacher_or_reference_cut_short_leaves_nothing_that_looks_complete(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from cascade import checkpoint
+
+    def half_then_full(policy: Any, path: Path) -> None:
+        path.mkdir(parents=True)
+        (path / "config.json").write_text("{}")  # what a resumed run would take for a model
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(checkpoint, "save_model_dir", half_then_full)
+    target = tmp_path / "references" / "stage-0"
+    with pytest.raises(OSError):
+        checkpoint.save_model_dir_atomically(object(), target)  # type: ignore[arg-type]
+    assert not target.exists() and list((tmp_path / "references").iterdir()) == []
