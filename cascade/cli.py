@@ -289,9 +289,13 @@ def cmd_up(args: argparse.Namespace) -> int:
         cfg = with_tracking(load_cascade_config(args.config), args.track)
     except ConfigError as err:
         return _fail(str(err))
-    problems = check_tracking(cfg.tracking)  # before any process starts
+    from cascade.config import check_paths
+
+    problems = check_paths(cfg) + check_tracking(cfg.tracking)  # before any process starts
+    for line in problems:
+        print(f"error: {args.config}: {line}", file=sys.stderr)
     if problems:
-        return _fail(problems[0])
+        return 2
     import signal
     import uuid
 

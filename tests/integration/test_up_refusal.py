@@ -34,6 +34,8 @@ def _config(tmp_path: Path) -> Path:
     }
     path = tmp_path / "cascade.yaml"
     path.write_text(yaml.safe_dump(data))
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")  # never loaded: nothing starts
     return path
 
 
@@ -119,3 +121,16 @@ def test_a_second_up_resuming_a_held_run_dir_starts_nothing(
         assert refusal(run_dir, db_url=None, cascade_id=None, resume=True, fresh=False) is None
     finally:
         store.engine.dispose()
+
+
+def test_up_with_a_missing_model_starts_nothing(
+    tmp_path: Path, popen_calls: list[Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = _config(tmp_path)
+    (tmp_path / "model" / "config.json").unlink()
+    assert (
+        cli.main(["up", str(cfg), "--run-dir", str(tmp_path / "run"), "--log-dir", str(tmp_path / "logs")])
+        == 2
+    )
+    assert "model.path:" in capsys.readouterr().err
+    assert popen_calls == [] and not (tmp_path / "logs").exists()
