@@ -415,6 +415,7 @@ def _up_hint(args: argparse.Namespace, run_dir: Path, stack) -> str:  # stack: L
     from cascade.runner.record import read_record, resume_command
 
     try:
+        stack.record_launch()  # run.json carries the launch too (the learner may not have waited)
         record = read_record(stack.run_dir)
     except (OSError, ValueError):
         record = None
