@@ -83,7 +83,6 @@ def distributed_runner(
         keep_weights=keep_weights,
         log=log,
         redis_outage=outages.redis,
-        watched=outages.all(),
     )
     teachers: TeacherSource = NoTeachers()
     if teacher is not None:

@@ -39,7 +39,7 @@ from cascade.config import DistillConfig
 from cascade.engine.base import SamplingSettings, VersionedGeneration
 from cascade.engine.batch import SequenceBatch
 from cascade.model.loading import Policy
-from cascade.resilience import Dependency, resilience_metrics
+from cascade.resilience import Dependency
 from cascade.rollout import PromptRequest, ScoredChunk
 from cascade.trainer import DistillSamples, TeacherTokens, remote_teacher_tokens
 from cascade.transport.channel import ServiceUnavailable, is_transient, unavailable
@@ -68,15 +68,13 @@ class StreamRollouts:
         keep_weights: int = 2,
         log: Callable[[str], None] = print,
         redis_outage: Dependency | None = None,
-        watched: list[Dependency] | None = None,
     ) -> None:
-        """`redis_outage`: the `redis` dependency (default: no retry); `watched`: every dependency
-        whose outages go into the step metrics (`resilience/<name>_*`)."""
+        """`redis_outage`: the `redis` dependency (default: no retry). Its outages reach the step
+        metrics through the store's watched dependencies (`services.learner.learner`)."""
         self.redis = connect(redis_url)
         self.redis_outage = redis_outage or Dependency(
             "redis", give_up_after_s=0.0, transient=TRANSIENT, log=log
         )
-        self.watched = watched if watched is not None else [self.redis_outage, rollout.outage]
         self.keys = StreamKeys(stream_prefix)
         self.rollout = rollout
         self.weights_root = weights_root
@@ -243,7 +241,7 @@ class StreamRollouts:
     def stats(self) -> dict[str, float]:
         out = {"duplicate_chunks": float(self._duplicates), "reissued_requests": float(self._reissued)}
         self._duplicates = self._reissued = 0
-        return {**out, **resilience_metrics(self.watched)}
+        return out
 
 
 class ServiceTeachers:
