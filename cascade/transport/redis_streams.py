@@ -4,8 +4,9 @@ The learner publishes prompt requests to one stream; rollout workers read them t
 consumer group (XREADGROUP), so each message goes to one worker and stays *pending* until that
 worker acknowledges it (XACK) after publishing its scored groups to a second stream. A worker
 that dies leaves its messages pending; any live worker takes them over with XAUTOCLAIM once they
-have been idle for `claim_idle_ms`. Delivery is at-least-once, so the learner drops groups whose
-sample ids it has already taken (`SeenSet`, a Redis set: SADD says whether an id is new).
+have been idle for `claim_idle_ms`. Delivery is at-least-once, so the learner takes each request's
+chunk once, by (batch, request index), in its own memory (`services.learner.sources`): nothing
+that a Redis restart could lose.
 
 Messages are one JSON object each, in the field `data`.
 
@@ -47,6 +48,7 @@ class StreamKeys:
 
     @property
     def seen(self) -> str:
+        """Sample ids an older learner kept here (removed with the run's other keys)."""
         return f"{self.prefix}:seen"
 
     def all(self) -> list[str]:
@@ -153,23 +155,6 @@ def publish(client: redis.Redis, stream: str, data: dict[str, Any], *, maxlen: i
 def reset(client: redis.Redis, keys: StreamKeys) -> None:
     """Forget a previous run on these keys (its messages, groups and seen ids)."""
     client.delete(*keys.all())
-
-
-class SeenSet:
-    """Sample ids already taken by the learner: the idempotence of at-least-once delivery."""
-
-    def __init__(self, client: redis.Redis, key: str) -> None:
-        self.client = client
-        self.key = key
-
-    def take(self, sample_ids: list[str]) -> list[bool]:
-        """Mark the ids seen; True for each id that was new."""
-        if not sample_ids:
-            return []
-        pipe = self.client.pipeline(transaction=False)
-        for sid in sample_ids:
-            pipe.sadd(self.key, sid)
-        return [bool(n) for n in pipe.execute()]
 
 
 def _was_reset(err: redis.ResponseError) -> bool:

@@ -1,6 +1,6 @@
 """The Redis-stream helpers on the local Redis (skipped without one): consumer groups hand each
 message to one consumer, unacknowledged ones can be claimed by another, a reset stream is
-recreated, and `SeenSet` says which sample ids are new."""
+recreated."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from cascade.transport.redis_streams import SeenSet, StreamGroup, StreamKeys, connect, publish, reset
+from cascade.transport.redis_streams import StreamGroup, StreamKeys, connect, publish, reset
 
 REDIS_URL = os.environ.get("CASCADE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
@@ -75,10 +75,3 @@ def test_a_reset_stream_stays_gone_until_the_next_run_makes_it(keys: StreamKeys)
     StreamGroup(client, keys.prompts, "rollout", "learner")  # a new learner on this prefix
     publish(client, keys.prompts, {"new": True})
     assert [m.data for m in group.read(block_ms=100)] == [{"new": True}]
-
-
-def test_seen_set_marks_sample_ids_once(keys: StreamKeys) -> None:
-    seen = SeenSet(connect(REDIS_URL), keys.seen)
-    assert seen.take(["b0/p1/0", "b0/p1/1"]) == [True, True]
-    assert seen.take(["b0/p1/1", "b0/p2/0"]) == [False, True]
-    assert seen.take([]) == []
