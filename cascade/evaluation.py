@@ -19,11 +19,13 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from cascade.config import ChatConfig, EvalConfig, metric_k
+from cascade.domains.agent import AgentDomain, prompt_tools, turn_setup
 from cascade.domains.base import Domain, Problem, score_for_eval
 from cascade.engine.base import SamplingSettings
 from cascade.eval_stats import mean_interval, pass_at_k
-from cascade.model.chat import encode_prompts
+from cascade.model.chat import encode_prompts, token_encoder
 from cascade.rollout import GenerateFn, request_seed
+from cascade.tools.turn_loop import run_turns
 
 
 @dataclass(frozen=True)
@@ -78,7 +80,8 @@ def _generate_and_score(
     out: list[list[float]] = []
     for start in range(0, len(problems), batch_size):
         chunk = problems[start : start + batch_size]
-        prompt_ids = encode_prompts(tokenizer, chat, [p.prompt for p in chunk], thinking)
+        tools = [prompt_tools(p) if p.domain == "agent" else None for p in chunk]
+        prompt_ids = encode_prompts(tokenizer, chat, [p.prompt for p in chunk], thinking, tools)
         settings = sampling
         if sampling.seed is not None and start:
             settings = SamplingSettings(
@@ -88,9 +91,8 @@ def _generate_and_score(
                 greedy=sampling.greedy,
                 seed=request_seed(sampling.seed, start),
             )
-        gen = generate_fn(prompt_ids, n, settings).generation
-        texts = tokenizer.batch_decode(gen.completion_ids, skip_special_tokens=True)
         repeated = [p for p in chunk for _ in range(n)]
+        texts = _completions(generate_fn, tokenizer, domain, repeated, prompt_ids, n, settings, thinking)
         verdicts = score_for_eval(domain, repeated, texts)
         for i in range(len(chunk)):
             rewards = []
@@ -100,6 +102,45 @@ def _generate_and_score(
                     rewards.append(v.reward)
             out.append(rewards)
     return out
+
+
+def _completions(
+    generate_fn: GenerateFn,
+    tokenizer: PreTrainedTokenizerBase,
+    domain: Domain,
+    repeated: list[Problem],
+    prompt_ids: list[list[int]],
+    n: int,
+    settings: SamplingSettings,
+    thinking: bool,
+) -> list[str]:
+    """The texts of `n` completions per prompt: multi-turn transcripts for the agent domain
+    (the turn loop of the rollouts), one generation otherwise."""
+
+    def decode(ids: list[list[int]]) -> list[str]:
+        return tokenizer.batch_decode(ids, skip_special_tokens=True)
+
+    setup = (
+        turn_setup(repeated, domain.config.model_dump(mode="json"))
+        if isinstance(domain, AgentDomain)
+        else None
+    )
+    if setup is None:
+        return decode(generate_fn(prompt_ids, n, settings).generation.completion_ids)
+    seed = settings.seed
+    return run_turns(
+        prompt_ids,
+        n,
+        settings,
+        generate_fn=generate_fn,
+        decode=decode,
+        encode=token_encoder(tokenizer),
+        environments=setup.environments,
+        fmt=setup.format,
+        thinking=thinking,
+        max_turns=setup.max_turns,
+        round_seed=lambda r: None if seed is None else request_seed(seed, "turn", r),
+    ).texts
 
 
 def _metric(values: list[float], *, seed: int, level: float) -> MetricValue:

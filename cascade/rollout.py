@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from cascade.algo.turn_mask import TurnLayout
 from cascade.config import ChatConfig
 from cascade.domains.base import INFRA_ERROR, TRUNCATED, Problem, RewardVerdict
 from cascade.engine.base import SamplingSettings, VersionedGeneration
@@ -50,6 +51,8 @@ class RolloutBatch:
     policy_version: int
     temperature: float
     sample_ids: list[str] = field(default_factory=list)  # [N*G], as the requests named them
+    layouts: list[TurnLayout] = field(default_factory=list)
+    """[N*G] which completion tokens are the model's (multi-turn); empty: all of them."""
 
     @property
     def n_groups(self) -> int:
@@ -96,6 +99,8 @@ class PromptRequest:
     reward_config: dict[str, Any] | None = None
     attempt: str = ""
     """The learner process that asked: a chunk made for a dead learner's request is not taken."""
+    thinking: bool = False
+    """The prompts open a thinking turn: so does every later turn of a multi-turn episode."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -130,6 +135,10 @@ class ScoredChunk:
     verdicts: list[tuple[float, str, str]]
     timings: dict[str, float] = field(default_factory=dict)
     attempt: str = ""
+    layouts: list[list[list[int]]] = field(default_factory=list)
+    """Multi-turn: each completion's `TurnLayout` runs as `[n_tokens, is_model]`; empty when
+    every completion is the model's alone (`logprobs` are then the engine's, else scattered
+    with 0.0 at the environment's tokens)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -152,17 +161,44 @@ def generate_and_score(
     decode: Callable[[list[list[int]]], list[str]],
     score: ScoreFn,
     worker: str,
+    encode: Callable[[str, bool], list[int]] | None = None,
 ) -> ScoredChunk:
     """Generate one request's groups, score them, apply the overlong rule: the rollout worker's
-    whole job, and the embedded run's rollout of one request."""
+    whole job, and the embedded run's rollout of one request. Agent problems are multi-turn
+    (`cascade.tools.turn_loop`, which needs `encode`: `(text, literal) -> ids`)."""
     import time
 
     t0 = time.perf_counter()
-    result = generate_fn(req.prompt_ids, req.group_size, req.sampling())
-    gen = result.generation
-    t_gen = time.perf_counter()
-    texts = decode(gen.completion_ids)
     problems = [p for p in req.problem_objects() for _ in range(req.group_size)]
+    layouts: list[list[list[int]]] = []
+    turns = _turn_setup(req, problems)
+    if turns is None:
+        result = generate_fn(req.prompt_ids, req.group_size, req.sampling())
+        gen, version = result.generation, result.version
+        texts = decode(gen.completion_ids)
+    else:
+        if encode is None:
+            raise ValueError(f"domain {req.domain}: multi-turn rollouts need an encoder")
+        from cascade.tools.turn_loop import run_turns
+
+        seed = req.seed
+        episodes = run_turns(
+            req.prompt_ids,
+            req.group_size,
+            req.sampling(),
+            generate_fn=generate_fn,
+            decode=decode,
+            encode=encode,
+            environments=turns.environments,
+            fmt=turns.format,
+            thinking=req.thinking,
+            max_turns=turns.max_turns,
+            round_seed=lambda r: None if seed is None else request_seed(seed, "turn", r),
+        )
+        gen = Generation(episodes.completion_ids, episodes.logprobs, episodes.finish_reasons)
+        version, texts = episodes.version, episodes.texts
+        layouts = [[[n, int(m)] for n, m in lay.runs] for lay in episodes.layouts]
+    t_gen = time.perf_counter()
     verdicts = apply_overlong(
         score(req.domain, problems, texts, req.reward_config), gen.finish_reasons, req.overlong
     )
@@ -170,7 +206,7 @@ def generate_and_score(
         batch=req.batch,
         index=req.index,
         worker=worker,
-        engine_version=result.version,
+        engine_version=version,
         sample_ids=req.sample_ids,
         completion_ids=gen.completion_ids,
         logprobs=gen.logprobs,
@@ -179,7 +215,16 @@ def generate_and_score(
         verdicts=[(v.reward, v.reason, v.detail) for v in verdicts],
         timings={"generate_s": t_gen - t0, "score_s": time.perf_counter() - t_gen},
         attempt=req.attempt,
+        layouts=layouts,
     )
+
+
+def _turn_setup(req: PromptRequest, problems: list[Problem]) -> Any:
+    if req.domain != "agent":
+        return None
+    from cascade.domains.agent import turn_setup
+
+    return turn_setup(problems, req.reward_config)
 
 
 def merge_chunks(
@@ -200,8 +245,11 @@ def merge_chunks(
         policy_version=policy_version,
         temperature=temperature,
     )
+    multi_turn = any(c.layouts for c in chunks)
     for req in sorted(requests, key=lambda r: r.index):
         chunk = by_index[req.index]
+        if multi_turn:
+            out.layouts.extend(chunk_layouts(chunk))
         out.problems.extend(req.problem_objects())
         out.prompt_ids.extend(ids for ids in req.prompt_ids for _ in range(req.group_size))
         out.completion_ids.extend(chunk.completion_ids)
@@ -211,6 +259,13 @@ def merge_chunks(
         out.sample_ids.extend(sid for ids in req.sample_ids for sid in ids)
         out.verdicts.extend(RewardVerdict(float(r), reason, detail) for r, reason, detail in chunk.verdicts)
     return out
+
+
+def chunk_layouts(chunk: ScoredChunk) -> list[TurnLayout]:
+    """Each completion's layout (one model run for a single-turn chunk)."""
+    if not chunk.layouts:
+        return [TurnLayout(((len(ids), True),)) for ids in chunk.completion_ids]
+    return [TurnLayout(tuple((int(n), bool(m)) for n, m in runs)) for runs in chunk.layouts]
 
 
 def request_seed(seed: int, *parts: object) -> int:

@@ -27,6 +27,7 @@ from cascade.algo import (
     zero_variance_mask,
 )
 from cascade.algo.masking import SumOverRanks
+from cascade.algo.turn_mask import TurnLayout, model_token_mask
 from cascade.config import DistillConfig, GrpoConfig
 from cascade.engine.batch import SequenceBatch, build_batch
 from cascade.engine.logprobs import completion_logits, completion_logprobs, gather_logprobs
@@ -95,6 +96,8 @@ class RlPlan:
     temperature: float
     global_rows: int
     """Rows of the whole plan (a share's own rows may be none while other ranks have some)."""
+    layouts: list[TurnLayout] | None = None
+    """Multi-turn rows: only the model's tokens are trained (`model_token_mask`)."""
 
     @property
     def empty(self) -> bool:
@@ -115,6 +118,7 @@ class RlPlan:
             old_logprobs=None if self.old_logprobs is None else [self.old_logprobs[i] for i in rows],
             temperature=self.temperature,
             global_rows=self.global_rows,
+            layouts=None if self.layouts is None else [self.layouts[i] for i in rows],
         )
 
 
@@ -146,6 +150,11 @@ def plan_rl(
         "truncated_fraction": float(batch.truncated_mask().float().mean()),
         "completion_tokens_mean": sum(len(c) for c in batch.completion_ids) / len(batch.completion_ids),
         "kept_sequences": float(keep.sum()),
+        **(
+            {"model_tokens_mean": sum(lay.n_model for lay in batch.layouts) / len(batch.layouts)}
+            if batch.layouts
+            else {}
+        ),
         "staleness": float(current_version - batch.policy_version),
     }
     idx = torch.nonzero(keep).flatten().tolist()
@@ -158,6 +167,7 @@ def plan_rl(
         old_logprobs=None if batch.policy_version == current_version else [batch.logprobs[i] for i in idx],
         temperature=batch.temperature,
         global_rows=len(idx),
+        layouts=[batch.layouts[i] for i in idx] if batch.layouts else None,
     )
 
 
@@ -189,7 +199,10 @@ def rl_loss(
         sb = placeholder_batch(pad_id).to(device)
         advantages, group_ids = torch.zeros(1), torch.zeros(1, dtype=torch.long)
     else:
-        sb = build_batch(plan.prompt_ids, plan.completion_ids, pad_id).to(device)
+        sb = build_batch(plan.prompt_ids, plan.completion_ids, pad_id)
+        if plan.layouts is not None:  # the environment's tokens are context, never trained
+            sb.completion_mask = model_token_mask(plan.layouts, sb.completion_mask).float()
+        sb = sb.to(device)
         advantages, group_ids = torch.tensor(plan.advantages), torch.tensor(plan.group_ids)
     logp = completion_logprobs(model, sb, plan.temperature)
     width = sb.completion_ids.shape[1]

@@ -33,6 +33,7 @@ import json
 import re
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from random import Random
 from typing import Any
@@ -311,3 +312,40 @@ class AgentDomain:
             return RewardVerdict(0.0, INFRA_ERROR, f"problem {problem.id} has no expected calls")
         result = match_calls(calls, expected, tools)
         return RewardVerdict(1.0, OK) if result.ok else RewardVerdict(0.0, WRONG_ANSWER, result.why)
+
+
+@dataclass(frozen=True)
+class TurnSetup:
+    """What the turn loop needs for one request's episodes (`cascade.rollout.generate_and_score`)."""
+
+    format: ToolFormat
+    environments: list[ToolEnvironment | None]
+    """One per episode; None: a one-turn problem (a function-call row)."""
+    max_turns: int
+
+
+@functools.lru_cache(maxsize=8)
+def _domain_of(reward_json: str) -> AgentDomain:
+    return AgentDomain(AgentReward.model_validate_json(reward_json))
+
+
+def turn_setup(problems: Sequence[Problem], reward_config: dict[str, Any] | None) -> TurnSetup | None:
+    """Fresh environments for the store tasks among `problems` (one per episode), built from the
+    request's reward config as the verifier builds them; None when no problem is multi-turn."""
+    domain = _domain_of(json.dumps(reward_config or {}, sort_keys=True))
+    envs = [domain.environment(p) if p.meta.get("task") == "store" else None for p in problems]
+    if not any(e is not None for e in envs):
+        return None
+    return TurnSetup(domain.format, envs, domain.config.max_turns)
+
+
+def prompt_tools(problem: Problem) -> list[dict[str, Any]] | None:
+    """The tools a problem's prompt renders (`tools=` of the chat template): the environment's
+    schemas for a store task, the row's JSON schemas for a function-call task."""
+    task = problem.meta.get("task")
+    if task == "store":
+        return AgentDomain().environment(problem).schemas
+    tools = problem.meta.get("tools")
+    if task == "function_call" and isinstance(tools, list) and all(isinstance(t, dict) for t in tools):
+        return list(tools)
+    return None

@@ -2,29 +2,58 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from transformers import PreTrainedTokenizerBase
 
 from cascade.config import ChatConfig
 
 
-def render_prompt(tokenizer: PreTrainedTokenizerBase, chat: ChatConfig, prompt: str, thinking: bool) -> str:
+def render_prompt(
+    tokenizer: PreTrainedTokenizerBase,
+    chat: ChatConfig,
+    prompt: str,
+    thinking: bool,
+    tools: list[dict[str, Any]] | None = None,
+) -> str:
+    """`tools`: function schemas the template renders (an agent problem's tools)."""
     flag = chat.think_flag if thinking else chat.no_think_flag
     messages = []
     if chat.system_prompt:
         messages.append({"role": "system", "content": chat.system_prompt})
     messages.append({"role": "user", "content": f"{prompt} {flag}".strip()})
+    schemas: list[dict[Any, Any] | Callable[..., Any]] | None = list(tools) if tools else None
     text = tokenizer.apply_chat_template(
-        messages, add_generation_prompt=True, enable_thinking=thinking, tokenize=False
+        messages, tools=schemas, add_generation_prompt=True, enable_thinking=thinking, tokenize=False
     )
     assert isinstance(text, str)
     return text
 
 
 def encode_prompts(
-    tokenizer: PreTrainedTokenizerBase, chat: ChatConfig, prompts: list[str], thinking: bool
+    tokenizer: PreTrainedTokenizerBase,
+    chat: ChatConfig,
+    prompts: list[str],
+    thinking: bool,
+    tools: list[list[dict[str, Any]] | None] | None = None,
 ) -> list[list[int]]:
-    texts = [render_prompt(tokenizer, chat, p, thinking) for p in prompts]
+    """`tools`: per prompt, the function schemas its template renders (None: none)."""
+    per_prompt = tools if tools is not None else [None] * len(prompts)
+    texts = [render_prompt(tokenizer, chat, p, thinking, t) for p, t in zip(prompts, per_prompt, strict=True)]
     return [list(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
+
+
+def token_encoder(tokenizer: PreTrainedTokenizerBase) -> Callable[[str, bool], list[int]]:
+    """`(text, literal) -> ids` for the turn loop: literal text (a tool's output) is split as
+    plain characters, so special-token text in it never becomes the special token."""
+
+    def encode(text: str, literal: bool) -> list[int]:
+        if not text:
+            return []
+        return list(tokenizer(text, add_special_tokens=False, split_special_tokens=literal)["input_ids"])
+
+    return encode
 
 
 def render_messages(

@@ -19,6 +19,7 @@ from cascade.domains.base import Domain, Problem, RewardVerdict
 from cascade.engine.base import SamplingSettings, VersionedGeneration
 from cascade.engine.batch import SequenceBatch
 from cascade.frozen_models import FrozenModelCache
+from cascade.model.chat import token_encoder
 from cascade.model.loading import Policy
 from cascade.rollout import PolicyGenerate, PromptRequest, ScoredChunk, generate_and_score
 from cascade.trainer import DistillSamples, TeacherTokens, local_teacher_tokens
@@ -45,13 +46,14 @@ class LocalRollouts:
         """Generates now, with the current weights (what an overlapped worker would have done)."""
         assert self._engine is not None, "attach() first"
         decode = self._engine.policy.tokenizer.batch_decode
+        encode = token_encoder(self._engine.policy.tokenizer)
 
         def texts(ids: list[list[int]]) -> list[str]:
             return decode(ids, skip_special_tokens=True)
 
         for req in requests:
             chunk = generate_and_score(
-                req, generate_fn=self._engine, decode=texts, score=self._score, worker="local"
+                req, generate_fn=self._engine, decode=texts, score=self._score, worker="local", encode=encode
             )
             self._done.setdefault(req.batch, []).append(chunk)
 

@@ -39,6 +39,7 @@ from cascade.checkpoint import (
 from cascade.config import CascadeConfig, StageConfig, parse_watched_metric
 from cascade.curriculum import AdvanceTracker, TeacherRegistry
 from cascade.domains import load_problems, make_domain
+from cascade.domains.agent import prompt_tools
 from cascade.domains.base import Domain, NeedsPreparing, Problem
 from cascade.evaluation import DomainEval, evaluate_domain
 from cascade.model.chat import encode_prompts
@@ -475,7 +476,9 @@ class CascadeRunner:
     # ------------------------------------------------------------------ rollouts
 
     def _encode(self, problems: list[Problem], thinking: bool) -> list[list[int]]:
-        return encode_prompts(self.policy.tokenizer, self.cfg.chat, [p.prompt for p in problems], thinking)
+        tools = [prompt_tools(p) if p.domain == "agent" else None for p in problems]
+        prompts = [p.prompt for p in problems]
+        return encode_prompts(self.policy.tokenizer, self.cfg.chat, prompts, thinking, tools)
 
     def _pick_problems(self, stage: StageConfig) -> list[Problem]:
         ids = [p.id for p in self.train_problems[stage.domain]]

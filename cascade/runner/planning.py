@@ -52,6 +52,7 @@ def plan_requests(
                 sample_ids=[[f"b{batch}/{p.id}/{j}" for j in range(g.group_size)] for p in part],
                 reward_config=reward_config,
                 attempt=attempt,
+                thinking=g.thinking,
             )
         )
     return requests

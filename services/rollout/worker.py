@@ -150,6 +150,7 @@ class Worker:
     def handle(self, message_id: str, data: dict[str, Any]) -> None:
         from cascade.domains.base import Problem, RewardVerdict
         from cascade.engine.base import SamplingSettings, VersionedGeneration
+        from cascade.model.chat import token_encoder
         from cascade.rollout import PromptRequest, generate_and_score
         from cascade.transport.redis_streams import publish
 
@@ -167,13 +168,21 @@ class Worker:
         def decode(ids: list[list[int]]) -> list[str]:
             return self.tokenizer.batch_decode(ids, skip_special_tokens=True)
 
+        def encode(text: str, literal: bool) -> list[int]:
+            return token_encoder(self.tokenizer)(text, literal)
+
         def score(
             domain: str, problems: list[Problem], texts: list[str], reward_config: dict[str, Any] | None
         ) -> list[RewardVerdict]:
             return self.reward.score(domain, problems, texts, reward_config=reward_config)
 
         chunk = generate_and_score(
-            req, generate_fn=generate_fn, decode=decode, score=score, worker=self.args.name
+            req,
+            generate_fn=generate_fn,
+            decode=decode,
+            score=score,
+            worker=self.args.name,
+            encode=encode,
         )
         self.redis_outage.call(lambda: publish(self.redis, self.keys.groups, chunk.to_json()))
         self._fault("before_ack")

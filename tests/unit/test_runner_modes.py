@@ -116,7 +116,7 @@ def test_the_worker_calls_the_embedded_rollout_function(monkeypatch: pytest.Monk
     events: list[str] = []
 
     def fake_generate_and_score(got: PromptRequest, **kwargs: object) -> ScoredChunk:
-        assert got == req and set(kwargs) == {"generate_fn", "decode", "score", "worker"}
+        assert got == req and set(kwargs) == {"generate_fn", "decode", "score", "worker", "encode"}
         events.append("generate_and_score")
         return ScoredChunk(3, 1, "w", 5, [], [], [], [], [], [], attempt="a1")
 
