@@ -152,6 +152,9 @@ class VLLMEngine:
             "gpu_memory_utilization": settings.gpu_memory_utilization,
             "logprobs_mode": "processed_logprobs",
             "worker_extension_cls": WORKER_EXTENSION,
+            # each round of a multi-turn episode re-sends its whole context: the cached blocks
+            # of the context already seen are reused (reset whenever the weights change)
+            "enable_prefix_caching": True,
         }
         if resolved.kv_cache_memory_bytes is not None:
             kwargs["kv_cache_memory_bytes"] = resolved.kv_cache_memory_bytes

@@ -99,6 +99,7 @@ def test_builds_llm_with_logprobs_mode_and_worker_extension(engine: tuple[VLLMEn
     assert isinstance(eng, Engine)
     assert llm.kwargs["logprobs_mode"] == "processed_logprobs"
     assert llm.kwargs["worker_extension_cls"] == WORKER_EXTENSION
+    assert llm.kwargs["enable_prefix_caching"] is True  # multi-turn rounds reuse their context
     assert eng.info.kind == "vllm" and eng.info.vocab_size == 384 and eng.info.max_context == 128
     assert eng.info.eos_token_ids == [2]
 
