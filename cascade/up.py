@@ -178,6 +178,9 @@ class LocalStack:
     run_dir: Path
     log_dir: Path
     redis_url: str = "redis://127.0.0.1:6379/0"
+    broker_url: str | None = None
+    """The reward service's Celery broker, where it is not `redis_url` (a test restarting the
+    streams' Redis alone)."""
     db: str | None = None
     stream_prefix: str = "cascade:up"
     workers: int = 2
@@ -224,7 +227,7 @@ class LocalStack:
             OMP_NUM_THREADS="1",
             MKL_NUM_THREADS="1",
             TOKENIZERS_PARALLELISM="false",
-            CASCADE_REWARD_BROKER_URL=self.redis_url,
+            CASCADE_REWARD_BROKER_URL=self.broker_url or self.redis_url,
         )
         env.update(self.process_env)
         env.update(extra)
@@ -259,7 +262,7 @@ class LocalStack:
         if self.engine == "vllm":  # before any process starts: the fix named, not a dead service's log
             vllm_env.check_python(self.vllm_python)
         rollouts = [self.rollout_service(i) for i in range(self.rollout_replicas)]
-        reward_flags = ("--broker-url", self.redis_url, *self.reward_flags)
+        reward_flags = ("--broker-url", self.broker_url or self.redis_url, *self.reward_flags)
         reward = self._service("reward", "services.reward.main", *reward_flags)
         teacher = self._service("teacher", "services.teacher.main", "--torch-threads", "1")
         for proc in (*rollouts, reward, teacher):
