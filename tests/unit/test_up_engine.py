@@ -119,3 +119,24 @@ def test_cascade_up_without_the_vllm_environment_starts_nothing(
     err = capsys.readouterr().err
     assert code == 1 and f"{missing} does not exist" in err and "make vllm-env" in err, err
     assert not (tmp_path / "runs" / "x-distributed-logs").exists()  # no process started, no log
+
+
+def test_the_resume_command_restarts_the_same_engine(tmp_path: Path, random_tiny_model: Path) -> None:
+    import shlex
+
+    from cascade.runner.record import RunRecord, resume_command
+
+    args = _up_args("--engine", "vllm", "--vllm-kv-cache-gib", "0.5", "--no-vllm-enforce-eager")
+    settings = vllm_settings(args, random_tiny_model)
+    record = RunRecord(
+        config={},
+        distill=True,
+        kind="distributed",
+        db_url=f"sqlite:///{(tmp_path / 'cascade.db').resolve()}",
+        cascade_id=1,
+        launch=engine_launch("vllm", settings, "/v/bin/python"),
+    )
+    words = shlex.split(resume_command("x.yaml", tmp_path, record, embedded=False))
+    again = build_parser().parse_args(words[1:])
+    assert again.resume and again.engine == "vllm" and again.vllm_python == "/v/bin/python"
+    assert vllm_settings(again, random_tiny_model) == settings
