@@ -135,6 +135,34 @@ def test_dashboard_renders_a_run(chromium: str, served: tuple[ApiServer, str, in
     assert struct.unpack(">II", head[16:24]) == (1400, 1150)
 
 
+def test_a_degraded_run_shows_what_it_rides_out(
+    chromium: str, served: tuple[ApiServer, str, int], tmp_path: Path
+) -> None:
+    """The runner's outage events: one ridden out (database), one open (redis); and its heartbeat,
+    not renewed since the seed, is stale."""
+    api, db_url, cascade_id = served
+    engine = make_engine(db_url)
+    try:
+        with session_scope(engine) as s:
+            run = s.query(Run).filter_by(cascade_id=cascade_id).one()
+            outage = {"run_id": run.id, "dependency": "database", "outages": 1, "down_s": 2.6, "cause": "x"}
+            repo.log_event(s, cascade_id=cascade_id, kind="outage", actor="runner", detail=outage)
+            down = {"run_id": run.id, "dependency": "redis", "cause": "ConnectionError: <b>refused</b>"}
+            repo.log_event(s, cascade_id=cascade_id, kind="degraded", actor="runner", detail=down)
+    finally:
+        engine.dispose()
+    dom = browse(chromium, f"{api.url}/?cascade={cascade_id}", tmp_path / "p", "--dump-dom")
+    assert re.search(
+        r'<span class="stalled" id="run-degraded"> · degraded: redis unreachable since '
+        r"\d\d:\d\d:\d\d UTC \(ConnectionError: &lt;b&gt;refused&lt;/b&gt;\)",
+        dom,
+    ), dom
+    assert "heartbeat no heartbeat for" in dom
+    assert (
+        '<span class="muted" id="run-outages"> · outages ridden out: database 1x (2.6 s down)</span>' in dom
+    )
+
+
 def test_a_stalled_run_shows_its_last_heartbeat(
     chromium: str, served: tuple[ApiServer, str, int], tmp_path: Path
 ) -> None:

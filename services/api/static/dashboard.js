@@ -265,6 +265,17 @@ function renderRun(detail) {
     }
     info.append(")");
     if (run.holder) info.append(el("span", { class: "muted", id: "run-holder" }, ` · runner ${run.holder}`));
+    // what the runner is riding out now, and the outages it rode out (services/api/run_health.py)
+    const degraded = Object.entries(run.degraded || {});
+    if (degraded.length) {
+      info.append(el("span", { class: "stalled", id: "run-degraded" },
+        " · degraded: " + degraded.map(([dep, what]) => `${dep} ${what}`).join("; ")));
+    }
+    const outages = Object.entries(run.outages || {});
+    if (outages.length) {
+      info.append(el("span", { class: "muted", id: "run-outages" }, " · outages ridden out: " + outages
+        .map(([dep, o]) => `${dep} ${o.outages}x (${o.down_s.toFixed(1)} s down)`).join(", ")));
+    }
   }
   const stalled = run !== null && run.status === "stalled";
   live.hidden = !active;
