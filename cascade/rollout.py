@@ -25,6 +25,7 @@ from cascade.engine.hf import Generation, generate
 from cascade.engine.hf_engine import sample_request
 from cascade.model.chat import encode_prompts
 from cascade.model.loading import Policy
+from cascade.tools.environment import EpisodeStats
 
 GenerateFn = Callable[[list[list[int]], int, SamplingSettings], VersionedGeneration]
 """`(prompt token ids, completions per prompt, sampling) -> completions, prompt-major`: the
@@ -53,6 +54,8 @@ class RolloutBatch:
     sample_ids: list[str] = field(default_factory=list)  # [N*G], as the requests named them
     layouts: list[TurnLayout] = field(default_factory=list)
     """[N*G] which completion tokens are the model's (multi-turn); empty: all of them."""
+    episodes: list[dict[str, float]] = field(default_factory=list)
+    """[N*G] multi-turn: each episode's tool counts (`EpisodeStats.as_metrics()`)."""
 
     @property
     def n_groups(self) -> int:
@@ -139,6 +142,8 @@ class ScoredChunk:
     """Multi-turn: each completion's `TurnLayout` runs as `[n_tokens, is_model]`; empty when
     every completion is the model's alone (`logprobs` are then the engine's, else scattered
     with 0.0 at the environment's tokens)."""
+    episodes: list[dict[str, float]] = field(default_factory=list)
+    """Multi-turn: each episode's tool counts in the turn loop (`EpisodeStats.as_metrics()`)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -171,6 +176,7 @@ def generate_and_score(
     t0 = time.perf_counter()
     problems = [p for p in req.problem_objects() for _ in range(req.group_size)]
     layouts: list[list[list[int]]] = []
+    episode_counts: list[dict[str, float]] = []
     turns = _turn_setup(req, problems)
     if turns is None:
         result = generate_fn(req.prompt_ids, req.group_size, req.sampling())
@@ -198,6 +204,7 @@ def generate_and_score(
         gen = Generation(episodes.completion_ids, episodes.logprobs, episodes.finish_reasons)
         version, texts = episodes.version, episodes.texts
         layouts = [[[n, int(m)] for n, m in lay.runs] for lay in episodes.layouts]
+        episode_counts = [s.as_metrics() for s in episodes.stats]
     t_gen = time.perf_counter()
     verdicts = apply_overlong(
         score(req.domain, problems, texts, req.reward_config), gen.finish_reasons, req.overlong
@@ -216,6 +223,7 @@ def generate_and_score(
         timings={"generate_s": t_gen - t0, "score_s": time.perf_counter() - t_gen},
         attempt=req.attempt,
         layouts=layouts,
+        episodes=episode_counts,
     )
 
 
@@ -250,6 +258,7 @@ def merge_chunks(
         chunk = by_index[req.index]
         if multi_turn:
             out.layouts.extend(chunk_layouts(chunk))
+            out.episodes.extend(chunk.episodes or [EpisodeStats(turns=1).as_metrics()] * len(chunk.texts))
         out.problems.extend(req.problem_objects())
         out.prompt_ids.extend(ids for ids in req.prompt_ids for _ in range(req.group_size))
         out.completion_ids.extend(chunk.completion_ids)

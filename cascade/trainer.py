@@ -33,6 +33,7 @@ from cascade.engine.batch import SequenceBatch, build_batch
 from cascade.engine.logprobs import completion_logits, completion_logprobs, gather_logprobs
 from cascade.engine.scoring import SequenceScores
 from cascade.rollout import RolloutBatch
+from cascade.tools.turn_loop import turn_metrics
 
 
 @dataclass
@@ -155,6 +156,7 @@ def plan_rl(
             if batch.layouts
             else {}
         ),
+        **turn_metrics(batch.episodes),
         "staleness": float(current_version - batch.policy_version),
     }
     idx = torch.nonzero(keep).flatten().tolist()

@@ -26,12 +26,13 @@ with prefix caching reuses the cached blocks of the context it has seen).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from cascade.algo.turn_mask import TurnLayout
 from cascade.engine.base import SamplingSettings, VersionedGeneration
-from cascade.tools.environment import EpisodeStats, ToolEnvironment
+from cascade.tools.environment import MALFORMED_KINDS, EpisodeStats, ToolEnvironment, episode_metrics
 from cascade.tools.template import ToolFormat
 
 GenerateFn = Callable[[list[list[int]], int, SamplingSettings], VersionedGeneration]
@@ -77,6 +78,22 @@ class TurnRollout:
     version: int
     """The oldest weights that produced any token (what staleness must count)."""
     rounds: int
+
+
+def turn_metrics(episodes: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """A batch's `turns/...` metrics from its episodes' counts (`EpisodeStats.as_metrics()`, as
+    chunks carry them): means per episode, malformed-call and tool-error rates."""
+    stats = [
+        EpisodeStats(
+            turns=int(e["turns"]),
+            calls=int(e["calls"]),
+            ok=int(e["calls_ok"]),
+            tool_errors=int(e["tool_errors"]),
+            malformed=Counter({k: int(e[f"malformed_{k}"]) for k in MALFORMED_KINDS}),
+        )
+        for e in episodes
+    ]
+    return {f"turns/{k}": v for k, v in episode_metrics(stats).items()}
 
 
 def env_ids(

@@ -33,6 +33,7 @@ from cascade.rollout import (
     merge_chunks,
     problem_fields,
 )
+from cascade.tools.turn_loop import turn_metrics
 from cascade.trainer import plan_rl, rl_loss
 
 
@@ -85,6 +86,11 @@ def test_agent_request_carries_its_layout_to_the_batch(tokenizer: PreTrainedToke
     batch = merge_chunks([req], [again], policy_version=0, temperature=1.0)
     assert batch.layouts == chunk_layouts(chunk)
     assert [lay.length for lay in batch.layouts] == [len(c) for c in batch.completion_ids]
+    # the loop's tool counts ride along into the step metrics
+    assert [e["calls"] for e in batch.episodes] == [1.0, 0.0]
+    metrics = turn_metrics(batch.episodes)
+    assert metrics["turns/calls_per_episode"] == 0.5 and metrics["turns/turns_per_episode"] == 1.5
+    assert metrics["turns/malformed_call_rate"] == 0.0
     # a single-turn domain's request is one generation and carries no layout
     plain = ScriptedEngine(tokenizer, prompts, [["3"], ["4"]])
     single = generate_and_score(
