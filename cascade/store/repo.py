@@ -57,6 +57,7 @@ from cascade.store.models import (
 
 __all__ = [
     "ALLOWED_TRANSITIONS",
+    "ConflictingRow",
     "IllegalTransition",
     "NotFound",
     "StageBusy",
@@ -84,6 +85,14 @@ __all__ = [
 ]
 
 
+class ConflictingRow(ValueError):
+    """A row written again with other values: not a repeated write but a second writer (e.g. a
+    runner presumed dead whose write landed after another resumed the run)."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(f"{what} was stored already with other values: another runner wrote it")
+
+
 def _run_and_stage(session: Session, run_id: int, stage_id: int) -> tuple[Run, Stage]:
     run = get_row(session, Run, run_id)
     stage = get_row(session, Stage, stage_id)
@@ -99,14 +108,17 @@ def record_step(
     row, and False when it was there already.
 
     Insert if absent: a write repeated after a lost reply (`cascade.run_store`) finds its row and
-    leaves it. (Rows of steps redone after resuming from a checkpoint go first: `discard_after`.)
-    The unique constraint on (run, stage, step) refuses a second row whatever the caller did.
+    leaves it; the same step with other metrics is `ConflictingRow`. (Rows of steps redone after
+    resuming from a checkpoint go first: `discard_after`.) The unique constraint on (run, stage,
+    step) refuses a second row whatever the caller did.
     """
     _, stage = _run_and_stage(session, run_id, stage_id)
     existing = session.scalars(
         select(Step).where(Step.run_id == run_id, Step.stage_id == stage_id, Step.step == step)
     ).one_or_none()
     if existing is not None:
+        if existing.global_step != global_step or existing.metrics != json_safe(dict(metrics)):
+            raise ConflictingRow(f"step {step} of stage {stage_id} in run {run_id}")
         return existing, False
     row = Step(
         run_id=run_id, stage_id=stage_id, step=step, global_step=global_step, metrics=json_safe(dict(metrics))
@@ -142,6 +154,8 @@ def record_eval(
         )
     ).one_or_none()
     if existing is not None:
+        if existing.score != json_safe(score) or existing.n != n:
+            raise ConflictingRow(f"the {domain} eval at step {step} of stage {stage_id} in run {run_id}")
         return existing
     value = json_safe(score)
     if not isinstance(value, int | float):

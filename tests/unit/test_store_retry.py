@@ -24,6 +24,7 @@ from cascade.run_store import RunStore
 from cascade.store import db
 from cascade.store.leases import Holder
 from cascade.store.models import Checkpoint, Eval, Event, Run, Step
+from cascade.store.repo import ConflictingRow
 from cascade.store.transient import is_transient
 
 CONFIG = {
@@ -159,6 +160,17 @@ def test_writes_whose_reply_was_lost_do_not_duplicate(store: RunStore, tmp_path:
     assert count(store, Event, kind="teacher") == 1 and count(store, Event, kind="run_finished") == 1
     assert count(store, Event, kind="transition") == 2  # pending -> running -> completed
     assert store.database.stats.outages == 7
+
+
+def test_the_same_row_with_other_values_is_a_second_writer_not_a_retry(store: RunStore) -> None:
+    store.record_step(0, 1, 1, {"loss": 1.0, "nan": float("nan")})
+    store.record_step(0, 1, 1, {"loss": 1.0, "nan": float("nan")})  # a repeat: the row stays
+    with pytest.raises(ConflictingRow, match="step 1 of stage .* another runner wrote it"):
+        store.record_step(0, 1, 1, {"loss": 0.5})
+    store.record_eval(0, 1, 1, DomainEval(domain="math", score=0.5, n=4, reasons={}))
+    with pytest.raises(ConflictingRow, match="math eval at step 1"):
+        store.record_eval(0, 1, 1, DomainEval(domain="math", score=0.25, n=4, reasons={}))
+    assert count(store, Step) == 1 and count(store, Eval) == 1
 
 
 def test_a_begin_whose_reply_was_lost_makes_one_run(tmp_path: Path) -> None:
