@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from cascade.algo.turn_mask import TurnLayout
 from cascade.engine.base import SamplingSettings, VersionedGeneration
@@ -173,10 +173,15 @@ def run_turns(
         finish_reasons=[e.finish or "stop" for e in episodes],
         texts=["".join(e.text) for e in episodes],
         layouts=layouts,
-        stats=[e.env.stats if e.env is not None else EpisodeStats(turns=e.turns) for e in episodes],
+        stats=[_model_turns(e) for e in episodes],
         version=min(versions),
         rounds=rounds,
     )
+
+
+def _model_turns(e: _Episode) -> EpisodeStats:
+    """The episode's tool counts, with its model turns (a turn cut by the budget included)."""
+    return replace(e.env.stats, turns=e.turns) if e.env is not None else EpisodeStats(turns=e.turns)
 
 
 @dataclass(frozen=True)

@@ -129,6 +129,7 @@ def test_token_budget_counts_environment_tokens_and_cuts_per_episode(
     # a turn cut by the budget ends its episode
     cut, _, _ = rollout(tokenizer, [long_p], [[first, "3"]], budget=3)
     assert cut.finish_reasons == ["length"] and len(cut.completion_ids[0]) == 3
+    assert cut.stats[0].turns == 1  # a model turn, though the environment never read it
 
 
 def test_groups_and_one_turn_problems(tokenizer: PreTrainedTokenizerBase) -> None:
