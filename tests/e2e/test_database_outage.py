@@ -122,6 +122,7 @@ def test_a_postgres_restart_at_a_random_step_is_ridden_out(
             shown = queries.cascade_detail(s, queries.list_cascades(s, limit=1, offset=0)[0].id).runs[0]
     finally:
         engine.dispose()
+    print(f"the API shows: {shown.outages['database']}; Postgres was down {down['s']:.1f}s")
     assert shown.outages["database"].outages == 1 and shown.outages["database"].down_s >= 1.0
     assert shown.degraded == {}
 
@@ -170,6 +171,7 @@ def test_postgres_down_past_the_bound_stops_with_the_resume_command(
     assert proc.returncode == 1, (out, err)
     assert "Traceback" not in err and "Traceback" not in out
     assert "database unreachable for 3s (bound reached)" in err, err
+    print(err.strip().splitlines()[-2:])
     prefix = "continue with (once that is fixed): "
     hint = next(line for line in err.splitlines() if line.startswith(prefix))[len(prefix) :]
     words = shlex.split(hint)
