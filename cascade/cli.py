@@ -574,10 +574,11 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--out", default="models/tiny")
     m.add_argument(
         "--spec",
-        choices=("tiny", "full"),
+        choices=("tiny", "full", "agent"),
         default="tiny",
         help="tiny: math, code, if (the demo's model); full: rlhf, if, math, code, swe, plus the tiny "
-        "reward model rlhf needs, in <out>/reward_model",
+        "reward model rlhf needs, in <out>/reward_model; agent: math, code and tool-call traces "
+        "(single-token tool markers, 512 positions)",
     )
     m.add_argument("--seed", type=int, default=0)
     m.add_argument("--force", action="store_true")

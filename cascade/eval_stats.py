@@ -84,6 +84,30 @@ def bootstrap_interval(
     return (float(lo), float(hi))
 
 
+def ratio_interval(
+    numerators: Sequence[float], denominators: Sequence[float], *, seed: int, level: float = 0.95,
+    resamples: int = 2000,
+) -> Interval:
+    """Percentile bootstrap interval of `sum(numerators) / sum(denominators)`, resampling the
+    units (tasks) that each contribute one numerator and one denominator (a rate over calls
+    whose calls cluster in tasks). Deterministic for a given `seed`; (nan, nan) without data."""
+    import numpy as np
+
+    num = np.asarray(numerators, dtype=np.float64)
+    den = np.asarray(denominators, dtype=np.float64)
+    if num.shape != den.shape:
+        raise ValueError(f"{num.size} numerators for {den.size} denominators")
+    if num.size == 0 or den.sum() <= 0:
+        return (math.nan, math.nan)
+    z_value(level)
+    rng = np.random.default_rng(seed & (2**63 - 1))
+    picks = rng.integers(0, num.size, size=(resamples, num.size))
+    sums = den[picks].sum(axis=1)
+    ratios = np.where(sums > 0, num[picks].sum(axis=1) / np.where(sums > 0, sums, 1.0), np.nan)
+    lo, hi = np.nanquantile(ratios, [(1 - level) / 2, (1 + level) / 2])
+    return (float(lo), float(hi))
+
+
 def is_binary(values: Sequence[float]) -> bool:
     return all(v in (0.0, 1.0) for v in values)
 

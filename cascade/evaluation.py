@@ -22,9 +22,10 @@ from cascade.config import ChatConfig, EvalConfig, metric_k
 from cascade.domains.agent import AgentDomain, prompt_tools, turn_setup
 from cascade.domains.base import Domain, Problem, score_for_eval
 from cascade.engine.base import SamplingSettings
-from cascade.eval_stats import mean_interval, pass_at_k
+from cascade.eval_stats import mean_interval, pass_at_k, ratio_interval
 from cascade.model.chat import encode_prompts, token_encoder
 from cascade.rollout import GenerateFn, request_seed
+from cascade.tools.environment import EpisodeStats
 from cascade.tools.turn_loop import run_turns
 
 
@@ -75,8 +76,10 @@ def _generate_and_score(
     thinking: bool,
     batch_size: int,
     reasons: Counter[str],
+    episodes: list[EpisodeStats] | None = None,
 ) -> list[list[float]]:
-    """Per prompt, the rewards of its `n` completions (infra errors left out)."""
+    """Per prompt, the rewards of its `n` completions (infra errors left out); `episodes` gets
+    the counts of each multi-turn episode (agent store tasks) as the verifier replayed it."""
     out: list[list[float]] = []
     for start in range(0, len(problems), batch_size):
         chunk = problems[start : start + batch_size]
@@ -93,7 +96,12 @@ def _generate_and_score(
             )
         repeated = [p for p in chunk for _ in range(n)]
         texts = _completions(generate_fn, tokenizer, domain, repeated, prompt_ids, n, settings, thinking)
-        verdicts = score_for_eval(domain, repeated, texts)
+        if isinstance(domain, AgentDomain):
+            verdicts, stats = domain.score_with_stats(repeated, texts)
+            if episodes is not None:
+                episodes += [s for p, s in zip(repeated, stats, strict=True) if p.meta.get("task") == "store"]
+        else:
+            verdicts = score_for_eval(domain, repeated, texts)
         for i in range(len(chunk)):
             rewards = []
             for v in verdicts[i * n : (i + 1) * n]:
@@ -143,6 +151,26 @@ def _completions(
     ).texts
 
 
+def tool_use_metrics(episodes: list[EpisodeStats], *, seed: int, level: float) -> dict[str, MetricValue]:
+    """How the agent's episodes used their tools (one episode per task; the greedy ones when the
+    eval has greedy): `calls_per_task` (well-formed calls that ran) and `tool_error_rate` (calls
+    whose tool answered an error, over every call attempt, malformed ones included: the step
+    metrics' `turns/tool_error_rate`), each with a bootstrap interval over tasks. Task success
+    is the eval's score itself (0/1 per task: a Wilson interval)."""
+    calls = [float(e.calls) for e in episodes]
+    failed = [float(e.tool_errors) for e in episodes]
+    attempts = [float(e.calls + sum(e.malformed.values())) for e in episodes]
+    (c_low, c_high), method = mean_interval(calls, seed=seed, level=level)
+    total = sum(attempts)
+    e_low, e_high = ratio_interval(failed, attempts, seed=seed, level=level) if total else (0.0, 1.0)
+    return {
+        "calls_per_task": MetricValue(sum(calls) / len(calls), c_low, c_high, len(calls), method),
+        "tool_error_rate": MetricValue(
+            sum(failed) / total if total else 0.0, e_low, e_high, len(episodes), "bootstrap"
+        ),
+    }
+
+
 def _metric(values: list[float], *, seed: int, level: float) -> MetricValue:
     value = sum(values) / len(values) if values else 0.0
     (low, high), method = mean_interval(values, seed=seed, level=level)
@@ -172,11 +200,12 @@ def evaluate_domain(
     spec = spec or EvalConfig()
     reasons: Counter[str] = Counter()
     per_prompt: dict[str, list[float]] = {}
+    episodes: list[EpisodeStats] = []
     if "greedy" in spec.metrics:
         greedy = _generate_and_score(
             generate_fn, tokenizer, chat, domain, problems, n=1,
             sampling=SamplingSettings(max_tokens=max_new_tokens, greedy=True),
-            thinking=thinking, batch_size=batch_size, reasons=reasons,
+            thinking=thinking, batch_size=batch_size, reasons=reasons, episodes=episodes,
         )
         per_prompt["greedy"] = [r[0] for r in greedy if r]
     sampled_metrics = [m for m in spec.metrics if m != "greedy"]
@@ -189,6 +218,7 @@ def evaluate_domain(
                 seed=request_seed(seed, "sampled"),
             ),
             thinking=thinking, batch_size=batch_size, reasons=sample_reasons,
+            episodes=None if "greedy" in spec.metrics else episodes,
         )
         if "greedy" not in spec.metrics:
             reasons = sample_reasons
@@ -206,6 +236,9 @@ def evaluate_domain(
         m: _metric(per_prompt[m], seed=request_seed(seed, "bootstrap", m), level=spec.confidence)
         for m in spec.metrics
     }
+    if episodes:
+        tools_seed = request_seed(seed, "bootstrap", "tools")
+        metrics |= tool_use_metrics(episodes, seed=tools_seed, level=spec.confidence)
     primary = metrics[spec.primary]
     return DomainEval(
         domain=domain.name,

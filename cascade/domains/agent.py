@@ -128,24 +128,33 @@ def _candidate(
     return f"[store {seed}] {question}", render_trace(trace, default_format()), full
 
 
-def render_trace(trace: Sequence[dict[str, Any]], fmt: ToolFormat, thinking: bool = False) -> str:
-    """A reference trace as the transcript the turn loop would produce (the SFT target)."""
-    out: list[str] = []
-    responses: list[str] = []
+def trace_turns(trace: Sequence[dict[str, Any]], fmt: ToolFormat) -> list[tuple[str, list[str]]]:
+    """A reference trace as the turn loop meets it: each model turn's text (content and calls,
+    without the end-of-turn marker) and the tool responses that answer it (none after the last)."""
+    turns: list[tuple[str, list[str]]] = []
     for message in trace:
         if message["role"] == "tool":
-            responses.append(str(message["content"]))
+            if turns:
+                turns[-1][1].append(str(message["content"]))
             continue
-        if responses:
-            out.append(fmt.env_text(responses, thinking))
-            responses = []
         calls = [
             ToolCallText(c["function"]["name"], c["function"]["arguments"])
             for c in message.get("tool_calls", [])
         ]
         content = str(message.get("content") or "")
         joiner = fmt.call_separator if content and calls else ""
-        out.append(content + joiner + fmt.render_calls(calls))
+        turns.append((content + joiner + fmt.render_calls(calls), []))
+    return turns
+
+
+def render_trace(trace: Sequence[dict[str, Any]], fmt: ToolFormat, thinking: bool = False) -> str:
+    """A reference trace as the transcript the turn loop would produce (the SFT target)."""
+    turns = trace_turns(trace, fmt)
+    out: list[str] = []
+    for i, (text, responses) in enumerate(turns):
+        out.append(text)
+        if responses and i + 1 < len(turns):
+            out.append(fmt.env_text(responses, thinking))
     return "".join(out)
 
 

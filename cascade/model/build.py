@@ -33,14 +33,17 @@ from transformers import (
 
 from cascade.config import ChatConfig, DomainConfig, RlhfReward
 from cascade.domains import make_domain
+from cascade.domains.agent import default_format, prompt_tools
 from cascade.domains.base import Domain, Problem
-from cascade.engine.batch import build_batch
+from cascade.engine.batch import build_batch, right_pad
 from cascade.engine.logprobs import completion_logits, gather_logprobs
 from cascade.evaluation import evaluate_domain
-from cascade.model.chat import render_prompt
+from cascade.model.chat import render_prompt, token_encoder
 from cascade.model.loading import Policy
+from cascade.model.sft_traces import tool_markers, trace_completion
 from cascade.model.tokenizer import train_tokenizer
 from cascade.rollout import PolicyGenerate
+from cascade.tools.template import TOOL_CHAT_TEMPLATE, format_of_tokenizer, template_renderer
 
 TINY_DOMAINS = ("math", "code", "if")
 
@@ -87,6 +90,9 @@ class TinyModelSpec:
     """With `batch_by_domain`: per-domain batch sizes aligned with `domains` (empty = `batch_size`)."""
     eval_max_new_tokens: int = 48
     """Greedy budget of the validation evals (a swe patch needs ~110 tokens)."""
+    tool_tokens: bool = False
+    """The chat template's tool markers (`<tool_call>`, `<tool_response>`, their closings) are one
+    token each, as in Qwen3's vocabulary, instead of ~7 BPE pieces."""
 
     def __post_init__(self) -> None:
         for name in ("mix", "floors", "ceilings", "sft_problems", "batch_sizes"):
@@ -130,7 +136,22 @@ FULL_SPEC = TinyModelSpec(
 )
 """All five toy domains; see the module docstring."""
 
-SPECS: dict[str, TinyModelSpec] = {"tiny": TinyModelSpec(), "full": FULL_SPEC}
+AGENT_DOMAINS = ("math", "code", "agent")
+"""The recipe's order with the agentic stage last (`examples/agent-cascade.yaml`)."""
+
+AGENT_SPEC = TinyModelSpec(
+    vocab_size=512,
+    max_positions=512,
+    domains=AGENT_DOMAINS,
+    mix=(3.0, 2.0, 2.0),
+    tool_tokens=True,
+    eval_max_new_tokens=192,
+    max_steps=1500,
+)
+"""math, code and tool-call traces of the agent domain: single-token tool markers and 512
+positions, so a `set` task (prompt with its tools, five model turns, four tool turns) fits."""
+
+SPECS: dict[str, TinyModelSpec] = {"tiny": TinyModelSpec(), "full": FULL_SPEC, "agent": AGENT_SPEC}
 """Named specs for `cascade model init --spec`."""
 
 REWARD_MODEL_SUBDIR = "reward_model"
@@ -199,6 +220,7 @@ def init_tokenizer_and_model(
     """A tokenizer trained on the SFT data and a randomly initialised Qwen3 of the spec's size."""
     torch.manual_seed(spec.seed)
     chat = ChatConfig()
+    render_tools = template_renderer(TOOL_CHAT_TEMPLATE)
     corpus: list[str] = []
     for probs in sft.values():
         for p in probs[:1000]:
@@ -206,7 +228,11 @@ def init_tokenizer_and_model(
                 f"<|im_start|>user\n{p.prompt} {chat.no_think_flag}<|im_end|>\n<|im_start|>assistant\n"
             )
             corpus.append(f"{p.prompt} {chat.think_flag}\n{p.answer}")
-    tokenizer = train_tokenizer(corpus, vocab_size=spec.vocab_size)
+            tools = prompt_tools(p) if p.domain == "agent" else None
+            if tools:
+                corpus.append(render_tools([{"role": "user", "content": p.prompt}], list(tools), False))
+    markers = tool_markers(default_format()) if spec.tool_tokens else ()
+    tokenizer = train_tokenizer(corpus, vocab_size=spec.vocab_size, single_tokens=markers)
     config = Qwen3Config(
         vocab_size=len(tokenizer),
         hidden_size=spec.hidden_size,
@@ -251,13 +277,21 @@ def build_tiny_model(
     n_params = sum(p.numel() for p in model.parameters())
     log(f"tiny model: Qwen3ForCausalLM, {n_params / 1e6:.2f}M parameters, vocab {len(tokenizer)}")
 
-    def encode(problem: Problem, thinking: bool) -> tuple[list[int], list[int]]:
-        prompt = render_prompt(tokenizer, chat, problem.prompt, thinking)
+    fmt = format_of_tokenizer(tokenizer)
+    encode_text = token_encoder(tokenizer)
+
+    def encode(problem: Problem, thinking: bool) -> tuple[list[int], list[int], list[bool]]:
+        """Prompt ids, completion ids and which completion tokens are trained (the model's)."""
+        tools = prompt_tools(problem) if problem.domain == "agent" else None
+        prompt = render_prompt(tokenizer, chat, problem.prompt, thinking, tools)
         p_ids = list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        if "trace" in problem.meta:
+            c_ids, trained = trace_completion(problem, fmt, encode_text, tokenizer.eos_token_id, thinking)
+            return p_ids, c_ids, trained
         c_ids = list(
             tokenizer(_completion_text(problem, thinking, eos_text), add_special_tokens=False)["input_ids"]
         )
-        return p_ids, c_ids
+        return p_ids, c_ids, [True] * len(c_ids)
 
     optim = torch.optim.AdamW(model.parameters(), lr=spec.learning_rate, weight_decay=0.01)
     weights = dict(zip(spec.domains, spec.mix, strict=True))
@@ -271,11 +305,15 @@ def build_tiny_model(
             picks = [name] * spec.batch_size_of(name)
         else:
             picks = rng.choices(names, weights=[weights[n] for n in names], k=spec.batch_size)
-        pairs = [encode(rng.choice(sft[n]), rng.random() < spec.thinking_fraction) for n in picks]
-        batch = build_batch([p for p, _ in pairs], [c for _, c in pairs], tokenizer.pad_token_id)
+        rows = [encode(rng.choice(sft[n]), rng.random() < spec.thinking_fraction) for n in picks]
+        batch = build_batch([p for p, _, _ in rows], [c for _, c, _ in rows], tokenizer.pad_token_id)
         logits = completion_logits(model, batch)
         logp = gather_logprobs(logits, batch.completion_ids)
-        loss = -(logp * batch.completion_mask).sum() / batch.completion_mask.sum()
+        mask = batch.completion_mask
+        if not all(all(t) for _, _, t in rows):  # tool responses in a trace are not trained
+            trained, _ = right_pad([[int(x) for x in t] for _, _, t in rows], 0)
+            mask = mask * trained.to(mask.dtype)
+        loss = -(logp * mask).sum() / mask.sum()
         for group in optim.param_groups:
             group["lr"] = spec.learning_rate * min(1.0, step / max(1, spec.warmup_steps))
         optim.zero_grad(set_to_none=True)

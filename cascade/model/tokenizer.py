@@ -8,9 +8,9 @@ a real Qwen3 checkpoint.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 from cascade.tools.template import TOOL_CHAT_TEMPLATE
@@ -37,7 +37,12 @@ CHAT_TEMPLATE = (
 )
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int = 384) -> PreTrainedTokenizerFast:
+def train_tokenizer(
+    texts: Iterable[str], vocab_size: int = 384, single_tokens: Sequence[str] = ()
+) -> PreTrainedTokenizerFast:
+    """`single_tokens`: texts kept as one (non-special) token each, decoded as written, as Qwen3
+    keeps its `<tool_call>` markers (they survive `skip_special_tokens`, which the turn loop's
+    decode uses)."""
     tok = Tokenizer(models.BPE(unk_token=None))
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [
@@ -53,6 +58,8 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 384) -> PreTrainedTo
         show_progress=False,
     )
     tok.train_from_iterator(texts, trainer=trainer)
+    if single_tokens:
+        tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in single_tokens])
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         pad_token=PAD,
