@@ -5,10 +5,11 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 TINY   := models/tiny
 TINY_FULL := models/tiny-full
+TINY_AGENT := models/tiny-agent
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: vllm-env install demo demo-full ablation test lint services sandbox chromium clean bench-trl
+.PHONY: vllm-env install demo demo-full ablation ablation-agent test lint services sandbox chromium clean bench-trl
 
 $(STAMP): pyproject.toml $(shell find proto -name '*.proto')
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +50,17 @@ $(TINY_FULL)/config.json: | $(STAMP)
 
 demo-full: install sandbox $(TINY_FULL)/config.json
 	$(VENV)/bin/cascade run examples/full-cascade.yaml --resume
+
+# math -> code -> agent on a model SFT'd on math, code and tool-call traces (single-token tool
+# markers); the agent stage with and without distillation, same seed, and the regression table
+# in bench/results/agent_cascade.{json,md}.
+$(TINY_AGENT)/config.json: | $(STAMP)
+	$(VENV)/bin/cascade model init --spec agent --out $(TINY_AGENT)
+
+ablation-agent: install sandbox $(TINY_AGENT)/config.json
+	$(VENV)/bin/cascade run examples/agent-cascade.yaml --resume
+	$(VENV)/bin/cascade run examples/agent-cascade.yaml --resume --no-distill
+	$(PY) bench/agent_cascade.py
 
 # TRL's GRPOTrainer and Cascade on the same GRPO stage, in lockstep (bench/results/vs_trl.json).
 # The extra is installed with the venv's torch as a constraint, so pip never pulls another build.
