@@ -177,6 +177,7 @@ def generate_and_score(
     problems = [p for p in req.problem_objects() for _ in range(req.group_size)]
     layouts: list[list[list[int]]] = []
     episode_counts: list[dict[str, float]] = []
+    unavailable: list[str | None] = []
     turns = _turn_setup(req, problems)
     if turns is None:
         result = generate_fn(req.prompt_ids, req.group_size, req.sampling())
@@ -205,10 +206,16 @@ def generate_and_score(
         version, texts = episodes.version, episodes.texts
         layouts = [[[n, int(m)] for n, m in lay.runs] for lay in episodes.layouts]
         episode_counts = [s.as_metrics() for s in episodes.stats]
+        unavailable = episodes.unavailable
     t_gen = time.perf_counter()
     verdicts = apply_overlong(
         score(req.domain, problems, texts, req.reward_config), gen.finish_reasons, req.overlong
     )
+    if any(unavailable):  # a tool the infrastructure could not run: never a reward the model earned
+        verdicts = [
+            RewardVerdict(0.0, INFRA_ERROR, why) if why else v
+            for v, why in zip(verdicts, unavailable, strict=True)
+        ]
     return ScoredChunk(
         batch=req.batch,
         index=req.index,

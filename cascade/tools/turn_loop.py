@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, replace
 
 from cascade.algo.turn_mask import TurnLayout
 from cascade.engine.base import SamplingSettings, VersionedGeneration
+from cascade.tools.builtin import ToolUnavailable
 from cascade.tools.environment import MALFORMED_KINDS, EpisodeStats, ToolEnvironment, episode_metrics
 from cascade.tools.template import ToolFormat
 
@@ -43,6 +44,7 @@ RoundSeed = Callable[[int], int | None]
 """The seed of round r >= 1 (round 0 uses the request's own)."""
 
 MAX_TURNS = "max_turns"
+TOOL_UNAVAILABLE = "tool_unavailable"
 
 
 @dataclass
@@ -54,6 +56,7 @@ class _Episode:
     text: list[str] = field(default_factory=list)
     turns: int = 0
     finish: str | None = None
+    unavailable: str | None = None
 
     @property
     def n_tokens(self) -> int:
@@ -78,6 +81,9 @@ class TurnRollout:
     version: int
     """The oldest weights that produced any token (what staleness must count)."""
     rounds: int
+    unavailable: list[str | None]
+    """Why a tool could not run (`ToolUnavailable`: the sandbox failed) in an episode it ended:
+    the infrastructure's failure, to be scored `infra_error`, never a reward the model earned."""
 
 
 def turn_metrics(episodes: Sequence[Mapping[str, float]]) -> dict[str, float]:
@@ -176,6 +182,7 @@ def run_turns(
         stats=[_model_turns(e) for e in episodes],
         version=min(versions),
         rounds=rounds,
+        unavailable=[e.unavailable for e in episodes],
     )
 
 
@@ -208,7 +215,11 @@ def _take_turn(
     if reason != "stop" or e.env is None:
         e.finish = reason
         return
-    step = e.env.step(text)
+    try:
+        step = e.env.step(text)
+    except ToolUnavailable as err:
+        e.finish, e.unavailable = TOOL_UNAVAILABLE, str(err)
+        return
     if step.final:
         e.finish = "stop"
         return

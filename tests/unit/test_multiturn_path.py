@@ -33,6 +33,8 @@ from cascade.rollout import (
     merge_chunks,
     problem_fields,
 )
+from cascade.tools.builtin import ToolUnavailable
+from cascade.tools.environment import StepResult, ToolEnvironment
 from cascade.tools.turn_loop import turn_metrics
 from cascade.trainer import plan_rl, rl_loss
 
@@ -176,3 +178,39 @@ def test_grpo_loss_trains_only_the_model_tokens_of_a_two_turn_batch(random_tiny_
     # counted, the tool tokens change both
     assert abs(loss(False, version=1) - on_policy) > 1e-4
     assert abs(loss(False, version=0) - on_policy) > 1e-3
+
+
+class _SandboxDown(ToolEnvironment):
+    """An environment whose tool cannot run (the sandbox failed), as `PythonTool` reports it."""
+
+    def step(self, turn_text: str) -> StepResult:
+        raise ToolUnavailable("python: the sandbox failed: test")
+
+
+def test_a_tool_that_cannot_run_is_an_infra_error_not_a_reward(
+    tokenizer: PreTrainedTokenizerBase, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import cascade.domains.agent as agent
+
+    p = store_problem("s", {"plum": 3}, ["plum"], "3")
+    prompts = encode_prompts(tokenizer, ChatConfig(), [p.prompt], False)
+    engine = ScriptedEngine(tokenizer, prompts, [[call("kv_get", key="plum"), "3"]])
+    real = agent.turn_setup
+
+    def sandbox_down(problems: list[Problem], cfg: dict[str, Any] | None) -> agent.TurnSetup | None:
+        setup = real(problems, cfg)
+        assert setup is not None
+        envs = [_SandboxDown(setup.format, {"plum": 3}) for _ in problems]
+        return agent.TurnSetup(setup.format, list(envs), setup.max_turns)
+
+    monkeypatch.setattr(agent, "turn_setup", sandbox_down)
+    chunk = generate_and_score(
+        _request([p], prompts),
+        generate_fn=engine,
+        decode=lambda ids: tokenizer.batch_decode(ids, skip_special_tokens=True),
+        score=_score,
+        worker="t",
+        encode=token_encoder(tokenizer),
+    )
+    assert chunk.finish_reasons == ["tool_unavailable"] and len(engine.calls) == 1
+    assert chunk.verdicts == [(0.0, "infra_error", "python: the sandbox failed: test")]
