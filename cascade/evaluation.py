@@ -19,7 +19,7 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from cascade.config import ChatConfig, EvalConfig, metric_k
-from cascade.domains.agent import AgentDomain, prompt_tools, turn_setup
+from cascade.domains.agent import prompt_tools, turn_setup
 from cascade.domains.base import Domain, Problem, score_for_eval
 from cascade.engine.base import SamplingSettings
 from cascade.eval_stats import mean_interval, pass_at_k, ratio_interval
@@ -95,13 +95,12 @@ def _generate_and_score(
                 seed=request_seed(sampling.seed, start),
             )
         repeated = [p for p in chunk for _ in range(n)]
-        texts = _completions(generate_fn, tokenizer, domain, repeated, prompt_ids, n, settings, thinking)
-        if isinstance(domain, AgentDomain):
-            verdicts, stats = domain.score_with_stats(repeated, texts)
-            if episodes is not None:
-                episodes += [s for p, s in zip(repeated, stats, strict=True) if p.meta.get("task") == "store"]
-        else:
-            verdicts = score_for_eval(domain, repeated, texts)
+        texts, stats = _completions(
+            generate_fn, tokenizer, domain, repeated, prompt_ids, n, settings, thinking
+        )
+        if episodes is not None and stats is not None:
+            episodes += [s for p, s in zip(repeated, stats, strict=True) if p.meta.get("task") == "store"]
+        verdicts = score_for_eval(domain, repeated, texts)
         for i in range(len(chunk)):
             rewards = []
             for v in verdicts[i * n : (i + 1) * n]:
@@ -121,22 +120,20 @@ def _completions(
     n: int,
     settings: SamplingSettings,
     thinking: bool,
-) -> list[str]:
+) -> tuple[list[str], list[EpisodeStats] | None]:
     """The texts of `n` completions per prompt: multi-turn transcripts for the agent domain
-    (the turn loop of the rollouts), one generation otherwise."""
+    (the turn loop of the rollouts, with each episode's counts), one generation otherwise.
+    The domain is recognised by name: `make_domain` hands it over wrapped (`LengthBounded`)."""
 
     def decode(ids: list[list[int]]) -> list[str]:
         return tokenizer.batch_decode(ids, skip_special_tokens=True)
 
-    setup = (
-        turn_setup(repeated, domain.config.model_dump(mode="json"))
-        if isinstance(domain, AgentDomain)
-        else None
-    )
+    config = getattr(domain, "config", None) if domain.name == "agent" else None
+    setup = turn_setup(repeated, config.model_dump(mode="json")) if config is not None else None
     if setup is None:
-        return decode(generate_fn(prompt_ids, n, settings).generation.completion_ids)
+        return decode(generate_fn(prompt_ids, n, settings).generation.completion_ids), None
     seed = settings.seed
-    return run_turns(
+    out = run_turns(
         prompt_ids,
         n,
         settings,
@@ -148,7 +145,8 @@ def _completions(
         thinking=thinking,
         max_turns=setup.max_turns,
         round_seed=lambda r: None if seed is None else request_seed(seed, "turn", r),
-    ).texts
+    )
+    return out.texts, out.stats
 
 
 def tool_use_metrics(episodes: list[EpisodeStats], *, seed: int, level: float) -> dict[str, MetricValue]:

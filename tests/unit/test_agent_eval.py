@@ -11,8 +11,9 @@ import pytest
 from scripted_turns import ScriptedEngine, call, store_problem
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from cascade.config import ChatConfig
-from cascade.domains.agent import AgentDomain, prompt_tools
+from cascade.config import ChatConfig, DomainConfig
+from cascade.domains import make_domain
+from cascade.domains.agent import prompt_tools
 from cascade.eval_stats import ratio_interval, wilson_interval
 from cascade.evaluation import evaluate_domain, tool_use_metrics
 from cascade.model.chat import encode_prompts
@@ -69,7 +70,9 @@ def test_evaluate_agent_reports_success_calls_and_errors(tokenizer: PreTrainedTo
             [call("kv_get", key="pear"), call("kv_get", key="fig"), "8"],
         ],
     )
-    result = evaluate_domain(engine, tokenizer, chat, AgentDomain(), problems, max_new_tokens=400)
+    # as the runner has it: make_domain wraps the verifier (LengthBounded); still multi-turn
+    domain = make_domain(DomainConfig(name="agent"))
+    result = evaluate_domain(engine, tokenizer, chat, domain, problems, max_new_tokens=400)
     assert result.score == 0.5 and result.n == 2
     greedy = result.metrics["greedy"]
     assert greedy.method == "wilson" and (greedy.low, greedy.high) == pytest.approx(wilson_interval(1, 2))
