@@ -174,6 +174,7 @@ def _drive(args: argparse.Namespace, cfg: Any, world: Any) -> int:
     from cascade.transport.http import start_http_server
     from services.learner.learner import ServiceOutages
     from services.learner.metrics import LearnerMetrics
+    from services.learner.replicas import NoReplicaLeft
 
     metrics = LearnerMetrics()
     outages = ServiceOutages.from_config(cfg.resilience, log)
@@ -214,7 +215,7 @@ def _drive(args: argparse.Namespace, cfg: Any, world: Any) -> int:
     except (RunDirError, CascadeMismatch, LeaseHeld, SandboxUnavailable) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    except DependencyDown as err:  # a service stayed away past its resilience.* bound
+    except (DependencyDown, NoReplicaLeft) as err:  # past resilience.*, or --rollout-wait-s at start
         hint = resume_command(args.config, run_dir, read_record(run_dir), embedded=False)
         print(f"error: learner stopped: {err}; continue with: {hint}", file=sys.stderr, flush=True)
         return EXIT_DEPENDENCY_DOWN

@@ -33,6 +33,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -44,9 +45,8 @@ from sqlalchemy import select
 from stack_probe import dependency_series, trained
 
 from cascade.checkpoint import latest_checkpoint
-from cascade.store import repo
 from cascade.store.db import make_engine, session_scope
-from cascade.store.models import RunLease
+from cascade.store.models import Event, RunLease
 from cascade.up import LocalStack, Proc
 
 pytestmark = pytest.mark.postgres
@@ -117,6 +117,9 @@ class Drill:
     def steps(self) -> int:
         return len(trained(self.stack.run_dir))
 
+    def trained_at_least(self, steps: int) -> bool:
+        return self.steps() >= steps
+
     def wait(
         self, what: str, check: Callable[[], Any], timeout_s: float = 180, supervise: bool = True
     ) -> Any:
@@ -142,10 +145,10 @@ class Drill:
             time.sleep(0.1)
 
     def outage_events(self) -> Counter[str]:
+        """`outage` events by dependency (the private database holds this cascade alone)."""
         with session_scope(self.engine) as s:
-            cascade_ids = {lease.cascade_id for lease in s.scalars(select(RunLease))} or {1}
-            events = [e for c in cascade_ids for e in repo.list_events(s, cascade_id=c)]
-            return Counter(str((e.detail or {}).get("dependency")) for e in events if e.kind == "outage")
+            events = s.scalars(select(Event).where(Event.kind == "outage"))
+            return Counter(str((e.detail or {}).get("dependency")) for e in events)
 
     def lease_pid(self) -> int | None:
         with session_scope(self.engine) as s:
@@ -204,9 +207,22 @@ class Drill:
             w.signal_group(signal.SIGSTOP)
         try:
             self.wait("requests queued", queued, 60)
+            client.close()
+            # down until the learner found it so (>= 1 s): a restart within redis-py's own
+            # reconnect loses the streams without any failed call, which shows only as
+            # `reissued_requests`, not as a `redis` outage
+            t0 = time.monotonic()
+            self.streams.stop()
+            self.wait(
+                "the learner to find Redis gone",
+                lambda: self.log_count("redis unreachable") > before[0],
+                120,
+            )
+            time.sleep(max(0.0, 1.0 - (time.monotonic() - t0)))
         finally:
             client.close()
-            self.streams.restart(down_s=1.0)
+            if self.streams.proc is None:
+                self.streams.start()
             for w in workers:
                 w.signal_group(signal.SIGCONT)
         self.ridden_out("redis", before)
@@ -282,6 +298,10 @@ class Drill:
         new = self.stack.start_learner()
         self.wait("the resumed learner", lambda: "resumed from step-" in new.log())
         self.wait("the resumed learner's lease", lambda: self.lease_pid() == new.pid)
+        # the next fault hits a learner that trains again: at its start the learner waits
+        # --rollout-wait-s for the replicas, then stops (exit 75 with the resume command)
+        resumed_at = self.steps()
+        self.wait("a step of the resumed learner", lambda: self.steps() > resumed_at)
 
     def inject(self, name: str) -> None:
         getattr(self, "learner_kill" if name == "learner" else name)()
@@ -337,7 +357,7 @@ def test_chaos_drill(e2e: Any, pg: PrivatePostgres, tmp_path: Path) -> None:
             stack.worker(i)
         stack.start_learner()
         for at, fault in plan:
-            drill.wait(f"step {at} before the {fault} fault", lambda at=at: drill.steps() >= at, 300)  # type: ignore[misc]
+            drill.wait(f"step {at} before the {fault} fault", partial(drill.trained_at_least, at), 300)
             print(f"  {time.monotonic() - t0:5.0f}s after step {drill.steps()}: {fault}")
             drill.inject(fault)
         code = stack.wait(timeout_s=400)
