@@ -65,6 +65,11 @@ CPU_KV_CACHE_GIB = 1.0
 default would reserve `gpu_memory_utilization` (85%) of the host's RAM."""
 
 
+CPU_BATCHED_TOKENS = 4096
+"""Prompt and decode tokens one scheduler step takes on vLLM's CPU build (its default for `LLM`),
+raised to the context length where that is longer (a whole prompt must fit one step)."""
+
+
 class EngineUnavailableError(RuntimeError):
     pass
 
@@ -140,7 +145,8 @@ class VLLMEngine:
         self._config = config
         self._specs = header_specs(self._dir)
         settings = settings or VllmEngineConfig()
-        resolved = resolve_settings(settings, config, _platform_is_cpu(self._vllm))
+        on_cpu = _platform_is_cpu(self._vllm)
+        resolved = resolve_settings(settings, config, on_cpu)
         self.settings = resolved
         kwargs: dict[str, Any] = {
             "model": str(self._dir),
@@ -158,6 +164,13 @@ class VLLMEngine:
         }
         if resolved.kv_cache_memory_bytes is not None:
             kwargs["kv_cache_memory_bytes"] = resolved.kv_cache_memory_bytes
+        if on_cpu:
+            # A seeded request whose prompts take more than one scheduler step (chunked prefill)
+            # kills the CPU build's engine core: it rewinds the request's generator by an offset,
+            # which only CUDA generators have ("CPU Generator does not use offset"). Whole prompts
+            # per step instead (a request's prompts then spread over steps, none split).
+            kwargs["enable_chunked_prefill"] = False
+            kwargs["max_num_batched_tokens"] = max(CPU_BATCHED_TOKENS, resolved.max_model_len)
         self._llm: Any = self._vllm.LLM(**kwargs)
         tokenizer = self._llm.get_tokenizer()
         eos = {tokenizer.eos_token_id, *_generation_eos(self._dir)}

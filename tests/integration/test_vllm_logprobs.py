@@ -114,3 +114,18 @@ def test_top_p_below_one_reports_nucleus_logprobs(served: Any, learner: Any) -> 
     assert lift.min().item() >= -LOGPROB_BOUND
     assert lift.max().item() > 0.01  # -log(nucleus mass) at some step
     print(f"top_p 0.8: behaviour log-probs above the learner's by up to {lift.max().item():.3f}")
+
+
+def test_a_seeded_request_longer_than_one_scheduler_step(served: Any) -> None:
+    """6400 prompt tokens (40 prompts x 20 x 8), over the 4096 one step of the CPU build takes:
+    with chunked prefill its engine core died on seeded requests ("CPU Generator does not use
+    offset"); the engine turns it off on the CPU. Same seed, same tokens; the engine still serves."""
+    driver, model = served
+    vocab = json.loads((model / "config.json").read_text())["vocab_size"]
+    gen = torch.Generator().manual_seed(9)
+    batch = [torch.randint(3, vocab, (20,), generator=gen).tolist() for _ in range(40)]
+    first = driver.generate(batch, 8, max_tokens=4, temperature=1.0, seed=3)
+    again = driver.generate(batch, 8, max_tokens=4, temperature=1.0, seed=3)
+    assert len(first["completion_ids"]) == 320
+    assert first["completion_ids"] == again["completion_ids"]
+    assert len(driver.generate(batch[:2], 2, max_tokens=4, seed=4)["completion_ids"]) == 4

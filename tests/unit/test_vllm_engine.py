@@ -116,6 +116,9 @@ def test_platform_defaults_and_explicit_settings(random_tiny_model: Path) -> Non
     )
     assert (on_gpu["dtype"], on_gpu["enforce_eager"]) == ("bfloat16", False)
     assert "kv_cache_memory_bytes" not in on_gpu and on_gpu["gpu_memory_utilization"] == 0.85
+    # CPU: no chunked prefill (seeded requests over one step's budget killed the engine core)
+    assert (on_cpu["enable_chunked_prefill"], on_cpu["max_num_batched_tokens"]) == (False, 4096)
+    assert "enable_chunked_prefill" not in on_gpu
     assert on_cpu["max_model_len"] == 256  # the model's max_position_embeddings
     settings = VllmEngineConfig(
         dtype="bfloat16",
