@@ -155,7 +155,7 @@ class EngineProcess:
                 )
         answer: dict[str, Any] = json.loads(self.popen.stdout.readline())
         if not answer.pop("ok"):
-            raise RuntimeError(f"{self.kind} engine: {answer['error']}")
+            raise RuntimeError(f"{self.kind} engine: {answer['error']}\n{self.log.read_text()[-6000:]}")
         return answer
 
     def stop(self) -> None:
@@ -175,9 +175,11 @@ class EngineProcess:
 # --- part 1: engines on the same batches -----------------------------------------------------
 
 
-def parse_batch(text: str) -> tuple[int, int, int]:
-    prompts, group, tokens = (int(x) for x in text.lower().split("x"))
-    return prompts, group, tokens
+def parse_batch(text: str) -> tuple[int, int, int, bool]:
+    """`PROMPTSxGROUPxTOKENS`, `+seed` for a seeded request (as distributed runs send)."""
+    shape, _, seeded = text.lower().partition("+")
+    prompts, group, tokens = (int(x) for x in shape.split("x"))
+    return prompts, group, tokens, seeded == "seed"
 
 
 def math_prompts(model: Path, n: int) -> list[list[int]]:
@@ -203,7 +205,7 @@ def spread(values: list[float]) -> dict[str, float]:
 
 
 def engines_part(
-    model: Path, batches: list[tuple[int, int, int]], args: argparse.Namespace, logs: Path
+    model: Path, batches: list[tuple[int, int, int, bool]], args: argparse.Namespace, logs: Path
 ) -> dict[str, Any]:
     prompts_all = math_prompts(model, max(b[0] for b in batches))
     procs: dict[str, EngineProcess] = {}
@@ -223,12 +225,17 @@ def engines_part(
             starts[kind]["constructor_s"] = spread(ctor)
             print(f"  {kind}: started ({starts[kind]})", flush=True)
         rows = []
-        for prompts_n, group, tokens in batches:
+        for prompts_n, group, tokens, seeded in batches:
             req: dict[str, Any] = {
                 "op": "generate",
                 "prompts": prompts_all[:prompts_n],
                 "n": group,
-                "sampling": {"max_tokens": tokens, "temperature": 1.0, "top_p": 1.0, "seed": 1},
+                "sampling": {
+                    "max_tokens": tokens,
+                    "temperature": 1.0,
+                    "top_p": 1.0,
+                    "seed": 1 if seeded else None,
+                },
             }
             for kind in ENGINES:  # warm-up
                 procs[kind].call(**req)
@@ -237,7 +244,8 @@ def engines_part(
                 order = ENGINES if i % 2 == 0 else ENGINES[::-1]
                 for kind in order:
                     runs[kind].append(procs[kind].call(**req))
-            row: dict[str, Any] = {"batch": f"{prompts_n}x{group}x{tokens}"}
+            row: dict[str, Any] = {"batch": f"{prompts_n}x{group}x{tokens}" + (" seeded" if seeded else "")}
+            row["prompt_tokens"] = group * sum(len(p) for p in prompts_all[:prompts_n])
             for kind in ENGINES:
                 rates = [r["tokens"] / r["seconds"] for r in runs[kind]]
                 row[kind] = {
@@ -364,15 +372,18 @@ def markdown(result: dict[str, Any]) -> str:
                 f"{d['learner_idle_fraction_mean']:.0%} | {d['services_start_s']} |"
             )
     lines += ["", "Differences between the engines: " + result["differences"], ""]
+    if result.get("notes"):
+        lines += ["Notes: " + result["notes"], ""]
     return "\n".join(lines)
 
 
 DIFFERENCES = (
-    "same prompts, group size, token budget, temperature 1, top_p 1, seed and float32 weights; "
+    "same prompts, group size, token budget, temperature 1, top_p 1, seed (rows marked seeded; the "
+    "others unseeded) and float32 weights; "
     "different samplers (the same seed gives different tokens, so the completion lengths differ "
     "where a completion stops at EOS: tokens/s counts the tokens each engine generated); the HF "
-    "engine runs in one process on one torch thread, vLLM's LLM in a front-end process plus an "
-    "engine-core process (scheduler and model) with one OpenMP thread each, paged KV cache (1 GiB), "
+    "engine runs in one process on one torch thread, vLLM's LLM in three (front end, engine core "
+    "with the scheduler, model worker) with one OpenMP thread each, paged KV cache (1 GiB), "
     "eager mode (no torch.compile), detokenizing every completion (our engine returns ids only)."
 )
 
@@ -381,7 +392,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--model", type=Path, default=ROOT / "models" / "tiny")
-    p.add_argument("--batches", default="16x8x24,32x8x24,64x8x24,16x8x96")
+    p.add_argument("--batches", default="16x8x24+seed,16x8x96+seed,16x8x24,32x8x24,64x8x24,16x8x96")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--starts", type=int, default=2)
     p.add_argument("--steps", type=int, default=8)
