@@ -139,7 +139,7 @@ def test_a_degraded_run_shows_what_it_rides_out(
     chromium: str, served: tuple[ApiServer, str, int], tmp_path: Path
 ) -> None:
     """The runner's outage events: one ridden out (database), one open (redis); and its heartbeat,
-    not renewed since the seed, is stale."""
+    a minute old, is stale."""
     api, db_url, cascade_id = served
     engine = make_engine(db_url)
     try:
@@ -149,6 +149,10 @@ def test_a_degraded_run_shows_what_it_rides_out(
             repo.log_event(s, cascade_id=cascade_id, kind="outage", actor="runner", detail=outage)
             down = {"run_id": run.id, "dependency": "redis", "cause": "ConnectionError: <b>refused</b>"}
             repo.log_event(s, cascade_id=cascade_id, kind="degraded", actor="runner", detail=down)
+            # A heartbeat a minute old, the lease still live: stale however fast the test runs.
+            lease = s.get(RunLease, cascade_id)
+            assert lease is not None
+            lease.heartbeat_at = utcnow() - timedelta(seconds=60)
     finally:
         engine.dispose()
     dom = browse(chromium, f"{api.url}/?cascade={cascade_id}", tmp_path / "p", "--dump-dom")
