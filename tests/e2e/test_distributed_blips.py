@@ -15,6 +15,7 @@ import os
 import re
 import signal
 import time
+import urllib.error
 import urllib.request
 import uuid
 from collections import Counter
@@ -199,12 +200,16 @@ def test_teacher_service_killed_and_restarted_mid_stage(stack: LocalStack, e2e: 
         _wait("the learner to see the teacher gone", lambda: "teacher unreachable" in learner.log(), learner)
         _restart(stack, "teacher", down_s=0.0)
         _wait("the teacher back", lambda: "teacher back after" in learner.log(), learner)
-        outages = _dependency_outages(learner.metrics_port)
+        try:
+            outages: dict[str, float] | None = _dependency_outages(learner.metrics_port)
+        except urllib.error.URLError:  # the learner finished its last step first; step metrics show it
+            assert not learner.alive()
+            outages = None
         assert stack.wait(timeout_s=180) == 0, learner.log()[-3000:]
         log = learner.log()
     finally:
         stack.stop_run()
-    assert outages.get("teacher", 0) >= 1, outages
+    assert outages is None or outages.get("teacher", 0) >= 1, outages
     assert log.count("teacher unreachable") == 1, log[-3000:]
     assert "registered if again" in log, log[-3000:]
     metrics = _check_run(e2e, run_dir, 6, "teacher")

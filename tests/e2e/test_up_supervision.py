@@ -216,7 +216,11 @@ def test_a_worker_dying_at_every_start_stops_up_with_the_resume_command_that_fin
         "error: worker-1 died again after 1 restart(s) within 120s (bound: --max-restarts 1 per "
         "--restart-window-s 120); last: killed by SIGKILL; stopping the stack"
     ) in err, err[-3000:]
-    assert not any(_group_alive(pid) for pid in [*started.values(), int(restarted.group(1))])  # all stopped
+    groups = [*started.values(), int(restarted.group(1))]  # every group stopped
+    deadline = time.monotonic() + 20  # killed members are reaped asynchronously after up exits
+    while any(_group_alive(pid) for pid in groups) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(_group_alive(pid) for pid in groups), [pid for pid in groups if _group_alive(pid)]
     hint = re.search(r"^continue with: (.+)$", err, re.M)
     assert hint is not None, err[-3000:]
     words = shlex.split(hint.group(1))

@@ -65,8 +65,23 @@ def browse(chromium: str, url: str, profile: Path, *flags: str) -> str:
     return done.stdout
 
 
+def _beat(db_url: str, cascade_id: int) -> None:
+    """The live runner's heartbeat, renewed (a heartbeat older than two beats shows degraded): set
+    two minutes ahead, as from a writer whose clock runs ahead, so it stays fresh however long
+    headless Chromium takes to render and poll."""
+    engine = make_engine(db_url)
+    try:
+        with session_scope(engine) as s:
+            lease = s.get(RunLease, cascade_id)
+            assert lease is not None
+            lease.heartbeat_at = utcnow() + timedelta(minutes=2)
+    finally:
+        engine.dispose()
+
+
 def test_dashboard_renders_a_run(chromium: str, served: tuple[ApiServer, str, int], tmp_path: Path) -> None:
     api, db_url, cascade_id = served
+    _beat(db_url, cascade_id)
     page = f"{api.url}/?cascade={cascade_id}"
     polls_before = api.log().count(f"GET /api/cascades/{cascade_id}/evals ")
     dom = browse(chromium, page, tmp_path / "p1", "--dump-dom")
