@@ -1,11 +1,24 @@
 """What a test reads off a running distributed stack: the samples log (which sample ids each
-optimizer step trained) and the learner's Prometheus dependency counters."""
+optimizer step trained) and the learner's Prometheus dependency counters; and whether the
+shared Redis the stacks use answers."""
 
 from __future__ import annotations
 
 import json
+import os
 import urllib.request
 from pathlib import Path
+
+REDIS_URL = os.environ.get("CASCADE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+def redis_up(url: str = REDIS_URL) -> bool:
+    import redis
+
+    try:
+        return bool(redis.Redis.from_url(url, socket_timeout=2).ping())
+    except redis.RedisError:
+        return False
 
 
 def trained(run_dir: Path) -> list[list[str]]:

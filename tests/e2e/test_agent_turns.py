@@ -11,7 +11,6 @@ Needs Redis on 127.0.0.1:6379 (skipped without it).
 
 from __future__ import annotations
 
-import os
 import shutil
 import uuid
 from collections.abc import Iterator
@@ -20,10 +19,10 @@ from random import Random
 from typing import Any
 
 import pytest
+from stack_probe import REDIS_URL, redis_up
 
 from cascade.up import LocalStack
 
-REDIS_URL = os.environ.get("CASCADE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 DISTRIBUTED_ONLY = {
     "time_push_s",
     "time_push_replica_max_s",
@@ -36,15 +35,6 @@ DISTRIBUTED_ONLY = {
     "replica_failures",
     "reissued_requests",
 }
-
-
-def _redis_up() -> bool:
-    import redis
-
-    try:
-        return bool(redis.Redis.from_url(REDIS_URL, socket_timeout=2).ping())
-    except redis.RedisError:
-        return False
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +103,7 @@ def _agent_stage(data: dict[str, Any]) -> None:
 
 @pytest.fixture(scope="module")
 def stack(tool_calling_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
-    if not _redis_up():
+    if not redis_up():
         pytest.skip(f"Redis unreachable at {REDIS_URL}")
     root = tmp_path_factory.mktemp("agent-distributed")
     s = LocalStack(

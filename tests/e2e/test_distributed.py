@@ -11,7 +11,6 @@ tests, runs once per module. Needs Redis on 127.0.0.1:6379
 from __future__ import annotations
 
 import json
-import os
 import signal
 import time
 import uuid
@@ -21,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from stack_probe import REDIS_URL, redis_up
 
 from cascade.up import LocalStack, wait_serving
 
-REDIS_URL = os.environ.get("CASCADE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 DISTRIBUTED_ONLY = {
     "time_push_s",
     "time_push_replica_max_s",
@@ -41,18 +40,9 @@ DISTRIBUTED_ONLY_PREFIXES = ("resilience/redis_", "resilience/teacher_", "resili
 """The services' outages (`services.learner.sources`): the embedded run has none of them."""
 
 
-def _redis_up() -> bool:
-    import redis
-
-    try:
-        return bool(redis.Redis.from_url(REDIS_URL, socket_timeout=2).ping())
-    except redis.RedisError:
-        return False
-
-
 @pytest.fixture(scope="module")
 def stack(random_tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
-    if not _redis_up():
+    if not redis_up():
         pytest.skip(f"Redis unreachable at {REDIS_URL}")
     root = tmp_path_factory.mktemp("distributed")
     s = LocalStack(

@@ -11,7 +11,6 @@ redis-server for the private, restarted one.
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import time
@@ -25,24 +24,14 @@ from typing import Any
 
 import pytest
 from private_redis import PrivateRedis
+from stack_probe import REDIS_URL, redis_up
 
 from cascade.up import LocalStack, Proc, wait_serving
-
-REDIS_URL = os.environ.get("CASCADE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-
-
-def _redis_up() -> bool:
-    import redis
-
-    try:
-        return bool(redis.Redis.from_url(REDIS_URL, socket_timeout=2).ping())
-    except redis.RedisError:
-        return False
 
 
 @pytest.fixture(scope="module")
 def stack(random_tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
-    if not _redis_up():
+    if not redis_up():
         pytest.skip(f"Redis unreachable at {REDIS_URL}")
     root = tmp_path_factory.mktemp("blips")
     s = LocalStack(

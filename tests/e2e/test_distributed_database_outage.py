@@ -9,7 +9,6 @@ Needs Redis on 127.0.0.1:6379 (the streams and the reward broker; skipped withou
 from __future__ import annotations
 
 import json
-import os
 import random
 import time
 import urllib.request
@@ -20,22 +19,13 @@ from typing import Any
 
 import pytest
 from private_postgres import PrivatePostgres
+from stack_probe import REDIS_URL, redis_up
 
 from cascade.up import LocalStack, Proc
 
 pytestmark = pytest.mark.postgres
 
-REDIS_URL = os.environ.get("CASCADE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 STEPS = 6
-
-
-def _redis_up() -> bool:
-    import redis
-
-    try:
-        return bool(redis.Redis.from_url(REDIS_URL, socket_timeout=2).ping())
-    except redis.RedisError:
-        return False
 
 
 def _trained(run_dir: Path) -> list[list[str]]:
@@ -67,7 +57,7 @@ def _prometheus(port: int | None, name: str) -> dict[str, float]:
 
 
 def test_the_learner_rides_out_a_postgres_restart(e2e: Any, random_tiny_model: Path, tmp_path: Path) -> None:
-    if not _redis_up():
+    if not redis_up():
         pytest.skip(f"Redis unreachable at {REDIS_URL}")
     pg = PrivatePostgres()
 

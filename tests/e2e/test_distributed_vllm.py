@@ -13,7 +13,6 @@ Needs Redis on 127.0.0.1:6379 (skipped without it) and Postgres (the `postgres_u
 from __future__ import annotations
 
 import json
-import os
 import signal
 import time
 import uuid
@@ -23,6 +22,7 @@ from typing import Any
 
 import pytest
 import torch
+from stack_probe import REDIS_URL, redis_up
 
 from cascade.config import VllmEngineConfig
 from cascade.engine import vllm_env
@@ -31,20 +31,10 @@ from cascade.up import LocalStack
 
 pytestmark = [pytest.mark.timeout(1800)]
 
-REDIS_URL = os.environ.get("CASCADE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 TRAINED_TINY = Path(__file__).resolve().parents[2] / "models" / "tiny"
 STEPS = 100
 CHECK_PROMPTS = [[1, 5, 9, 13, 17, 21, 25], [4, 8, 15, 16, 23, 42]]
 CHECK_SAMPLING = SamplingSettings(max_tokens=16, temperature=1.0, top_p=1.0, seed=7)
-
-
-def _redis_up() -> bool:
-    import redis
-
-    try:
-        return bool(redis.Redis.from_url(REDIS_URL, socket_timeout=2).ping())
-    except redis.RedisError:
-        return False
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +43,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
         pytest.skip(f"no vLLM environment at {vllm_env.default_venv()} (run `make vllm-env`)")
     if not (TRAINED_TINY / "config.json").exists():
         pytest.skip("models/tiny not built (make test builds it first)")
-    if not _redis_up():
+    if not redis_up():
         pytest.skip(f"Redis unreachable at {REDIS_URL}")
     root = tmp_path_factory.mktemp("distributed-vllm")
     s = LocalStack(
