@@ -235,11 +235,18 @@ def generate_and_score(
 
 
 def _turn_setup(req: PromptRequest, problems: list[Problem]) -> Any:
-    if req.domain != "agent":
+    return multi_turn_setup(req.domain, problems, req.reward_config)
+
+
+def multi_turn_setup(domain: str, problems: list[Problem], reward_config: dict[str, Any] | None) -> Any:
+    """The turn loop's environments and format when `domain`'s problems are multi-turn (the
+    agent domain's store tasks, one fresh environment per episode in `problems`), else None:
+    one rule for RL requests and distillation samples alike."""
+    if domain != "agent":
         return None
     from cascade.domains.agent import turn_setup
 
-    return turn_setup(problems, req.reward_config)
+    return turn_setup(problems, reward_config)
 
 
 def merge_chunks(

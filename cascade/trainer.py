@@ -258,7 +258,31 @@ class DistillSamples:
     prompt_ids: list[list[int]]
     completion_ids: list[list[int]]
     rollout_logprobs: list[list[float]]
+    """One per completion token (multi-turn: the engine's at the model's tokens, 0.0 elsewhere)."""
     temperature: float
+    layouts: list[TurnLayout] | None = None
+    """Multi-turn episodes (an agent teacher's prompts): only the student's own tokens are
+    distilled; the environment's are context for the student and the teacher alike."""
+
+    def rows(self, lo: int, hi: int) -> DistillSamples:
+        return DistillSamples(
+            self.teacher,
+            self.prompt_ids[lo:hi],
+            self.completion_ids[lo:hi],
+            self.rollout_logprobs[lo:hi],
+            self.temperature,
+            None if self.layouts is None else self.layouts[lo:hi],
+        )
+
+
+def distill_batch(samples: DistillSamples, pad_id: int) -> SequenceBatch:
+    """The distillation batch's layout: every token is in the forward pass (the attention mask),
+    but the completion mask, which every distillation loss and metric counts, holds only the
+    student's own tokens when the samples are multi-turn (`model_token_mask`)."""
+    sb = build_batch(samples.prompt_ids, samples.completion_ids, pad_id)
+    if samples.layouts is not None:
+        sb.completion_mask = model_token_mask(samples.layouts, sb.completion_mask).float()
+    return sb
 
 
 @dataclass
@@ -369,7 +393,7 @@ def distill_term(
     *,
     pad_id: int,
 ) -> LossTerm:
-    sb: SequenceBatch = build_batch(samples.prompt_ids, samples.completion_ids, pad_id)
+    sb = distill_batch(samples, pad_id)
     return distill_loss_term(model, sb, local_teacher_tokens(teacher, sb, cfg), samples, cfg)
 
 
@@ -434,10 +458,12 @@ def distill_loss_term(
             with torch.no_grad():
                 student_lp = gather_logprobs(student_logits, sb.completion_ids)
                 m = sb.completion_mask
+                # masked positions replaced, not multiplied: a teacher's value there is no input
+                gap = torch.where(m > 0, student_lp - teacher_lp, torch.zeros_like(student_lp)).sum()
                 if reduce is None:
-                    kl = ((student_lp - teacher_lp) * m).sum() / m.sum().clamp(min=1)
+                    kl = gap / m.sum().clamp(min=1)
                 else:
-                    kl = reduce(((student_lp - teacher_lp) * m).sum()) / reduce(m.sum()).clamp(min=1)
+                    kl = reduce(gap) / reduce(m.sum()).clamp(min=1)
                 out.metrics["reverse_kl"] = float(kl)
     return LossTerm(out.loss, {f"distill_{samples.teacher}_{k}": v for k, v in out.metrics.items()})
 

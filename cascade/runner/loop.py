@@ -12,6 +12,7 @@ teacher log-probs, weights): `cascade.embedded` builds the loop with in-process 
 
 from __future__ import annotations
 
+import copy
 import json
 import random
 import shutil
@@ -42,7 +43,7 @@ from cascade.domains import load_problems, make_domain
 from cascade.domains.agent import prompt_tools
 from cascade.domains.base import Domain, NeedsPreparing, Problem
 from cascade.evaluation import DomainEval, evaluate_domain
-from cascade.model.chat import encode_prompts
+from cascade.model.chat import encode_prompts, token_encoder
 from cascade.parallel.world import World
 from cascade.progress import RunProgress
 from cascade.resilience import resilience_metrics
@@ -557,7 +558,20 @@ class CascadeRunner:
         for d in teachers:
             problems = self._distill_problems(stage, d)
             seed = distill_seed(self.cfg.seed, self.state.global_step, d, per_request=self.per_request)
-            jobs.append(DistillJob(d, self._encode(problems, stage.grpo.thinking), seed))
+            domain = d if stage.distill.prompt_source == "replay" else stage.domain
+            reward = self.cfg.domain(domain).reward
+            jobs.append(
+                DistillJob(
+                    d,
+                    self._encode(problems, stage.grpo.thinking),
+                    seed,
+                    problems=problems,
+                    domain=domain,
+                    reward_config=reward.model_dump(mode="json") if reward is not None else None,
+                    thinking=stage.grpo.thinking,
+                )
+            )
+        tokenizer = self._distill_tokenizer()
 
         def fetch() -> list[DistillData]:
             return fetch_distill(
@@ -567,6 +581,8 @@ class CascadeRunner:
                 pad_id=self.policy.pad_token_id,
                 rollouts=self.sources.rollouts,
                 teachers=self.sources.teachers,
+                decode=lambda ids: tokenizer.batch_decode(ids, skip_special_tokens=True),
+                encode=token_encoder(tokenizer),
             )
 
         if self.sources.rollouts.overlaps:
@@ -574,6 +590,14 @@ class CascadeRunner:
         done: Future[list[DistillData]] = Future()
         done.set_result(fetch())
         return done
+
+    def _distill_tokenizer(self) -> Any:
+        """The tokenizer the distillation fetch decodes and encodes episodes with: a copy of the
+        policy's, since the fetch may run in a thread while this one encodes prompts (a fast
+        tokenizer is not safe to share across threads)."""
+        if getattr(self, "_fetch_tokenizer", None) is None:
+            self._fetch_tokenizer = copy.deepcopy(self.policy.tokenizer)
+        return self._fetch_tokenizer
 
     def _distill_problems(self, stage: StageConfig, teacher: str) -> list[Problem]:
         dc = stage.distill
