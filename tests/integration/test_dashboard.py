@@ -223,3 +223,101 @@ def test_swagger_ui_renders_offline(
     assert "Cascade control plane" in dom
     status, page = api.call("GET", "/redoc")
     assert status == 200 and "/docs/assets/redoc.standalone.js" in page and "fonts.googleapis" not in page
+
+
+def _seed_agent_cascade(db_url: str) -> int:
+    """math -> agent, the agent stage two steps in: its steps carry the turn loop's `turns/...`
+    metrics, each eval the agent's calls per task and tool-error rate beside task success."""
+    cfg = {
+        "name": "agent-demo",
+        "model": {"path": "models/tiny-agent"},
+        "domains": [{"name": "math"}, {"name": "agent"}],
+        "stages": [
+            {"domain": d, "advance": {"max_steps": 4}, "eval": {"every": 2}} for d in ("math", "agent")
+        ],
+    }
+    engine = make_engine(db_url)
+    try:
+        with session_scope(engine) as s:
+            cascade = repo.create_cascade(s, name="agent-demo", config=cfg)
+            stages = repo.create_stages(
+                s, cascade_id=cascade.id, stages=[("math", "math"), ("agent", "agent")]
+            )
+            run = repo.start_run(s, cascade_id=cascade.id, seed=0, distill=True, output_dir="runs/agent-demo")
+            repo.set_cascade_status(s, cascade_id=cascade.id, status="running", actor="runner")
+            repo.transition_stage(s, stage_id=stages[0].id, to_state="running", actor="runner")
+            for step in (1, 2):
+                repo.record_step(
+                    s, run_id=run.id, stage_id=stages[0].id, step=step, global_step=step,
+                    metrics={"reward_mean": 0.5, "completion_tokens_mean": 12.0, "reasons": {"ok": 2}},
+                )  # fmt: skip
+            repo.transition_stage(s, stage_id=stages[0].id, to_state="completed", actor="runner")
+            repo.transition_stage(s, stage_id=stages[1].id, to_state="running", actor="runner")
+            for step, turns, calls in ((1, 1.5, 1.25), (2, 2.5, 1.75)):
+                repo.record_step(
+                    s, run_id=run.id, stage_id=stages[1].id, step=step, global_step=2 + step,
+                    metrics={
+                        "reward_mean": 0.25, "turns/turns_per_episode": turns,
+                        "turns/calls_per_episode": calls, "turns/tool_error_rate": 0.1 * step,
+                        "model_tokens_mean": 40.0 + step,
+                        "completion_tokens_mean": 90.0, "reasons": {"ok": 1, "wrong_answer": 3},
+                    },
+                )  # fmt: skip
+            for stage, g, calls, errors in ((0, 2, 0.0, 0.0), (1, 4, 1.5, 0.125)):
+                for domain in ("math", "agent"):
+                    metrics = {"greedy": {"value": 0.5, "low": 0.2, "high": 0.8, "n": 8, "method": "wilson"}}
+                    if domain == "agent":
+                        metrics["calls_per_task"] = {
+                            "value": calls, "low": calls - 0.5 if calls else 0.0, "high": calls + 0.5,
+                            "n": 8, "method": "bootstrap",
+                        }  # fmt: skip
+                        metrics["tool_error_rate"] = {
+                            "value": errors, "low": 0.0, "high": 0.25, "n": 8, "method": "bootstrap",
+                        }  # fmt: skip
+                    repo.record_eval(
+                        s, run_id=run.id, stage_id=stages[stage].id, step=2, global_step=g, domain=domain,
+                        score=0.5, n=8, reasons={"ok": 4, "wrong_answer": 4}, metrics=metrics,
+                    )  # fmt: skip
+            return cascade.id
+    finally:
+        engine.dispose()
+
+
+def test_an_agent_stage_shows_its_tool_use(
+    chromium: str, served: tuple[ApiServer, str, int], tmp_path: Path
+) -> None:
+    """The agent eval's metrics beside task success (calls per task as a count, the tool-error
+    rate as a share, each with its interval, per stage) and the agent stage's turn metrics
+    (last step and mean); a cascade without either says so."""
+    api, db_url, demo_id = served
+    cascade_id = _seed_agent_cascade(db_url)
+    dom = browse(chromium, f"{api.url}/?cascade={cascade_id}", tmp_path / "p", "--dump-dom")
+    assert 'data-state="ready"' in dom and f'data-cascade="{cascade_id}"' in dom, dom[:3000]
+    assert '<p id="error" class="error" hidden="">' in dom
+    table = re.search(r'<table id="eval-metrics-table">(.*?)</table>', dom, re.S)
+    assert table is not None, dom
+    assert "<th>latest in math</th><th>latest in agent</th>" in table.group(1)
+    calls = re.search(r'<tr data-domain="agent" data-metric="calls_per_task">(.*?)</tr>', table.group(1))
+    assert calls is not None
+    assert ">0.00 [0.00–0.50]</td>" in calls.group(1) and ">1.50 [1.00–2.00]</td>" in calls.group(1)
+    assert 'title="bootstrap interval over 8 tasks"' in calls.group(1)
+    errors = re.search(r'<tr data-domain="agent" data-metric="tool_error_rate">(.*?)</tr>', table.group(1))
+    assert errors is not None and ">12.5% [0.0–25.0]</td>" in errors.group(1)
+    assert 'data-metric="greedy"' not in table.group(1)  # the primary score: the curves show it
+    assert 'data-domain="math"' not in table.group(1)  # no metric beside its score
+    steps = re.search(r'<table id="step-metrics-table">(.*?)</table>', dom, re.S)
+    assert steps is not None, dom
+    rows = re.findall(r'<tr data-stage="(\w+)" data-metric="([\w/]+)">(.*?)</tr>', steps.group(1))
+    assert [(st, m) for st, m, _ in rows] == [
+        ("agent", "turns/calls_per_episode"), ("agent", "turns/tool_error_rate"),
+        ("agent", "turns/turns_per_episode"), ("agent", "model_tokens_mean"),
+        ("agent", "completion_tokens_mean"),
+    ]  # fmt: skip
+    cells = {m: re.findall(r"<td[^>]*>([^<]*)</td>", body) for _, m, body in rows}
+    assert cells["turns/turns_per_episode"] == ["agent", "turns/turns_per_episode", "2.50", "2.00"]
+    assert cells["turns/tool_error_rate"][2:] == ["20.0%", "15.0%"]
+    assert cells["model_tokens_mean"][2:] == ["42.00", "41.50"]
+
+    demo = browse(chromium, f"{api.url}/?cascade={demo_id}", tmp_path / "demo", "--dump-dom")
+    assert 'data-state="ready"' in demo
+    assert "no stage records turn metrics" in demo and "no eval metrics beside the primary scores" in demo

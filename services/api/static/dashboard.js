@@ -155,6 +155,110 @@ function renderCurves(detail, evals, spans) {
 
 // ------------------------------------------------------------------ tables
 
+// Score metrics (greedy, avg@k, pass@k) and rates are shares, shown as %; any other metric (a
+// count per task, tokens per episode) as a number.
+const SCORE_METRIC = /^(greedy|avg@\d+|pass@\d+)$/;
+function isShare(name) { return SCORE_METRIC.test(name) || /(_rate|_fraction)$/.test(name); }
+function num(v) { return v === null || v === undefined ? "–" : Number(v).toFixed(2); }
+function fmtMetric(name, v, ci) {
+  if (isShare(name)) return pctCI(v, ci);
+  return ci ? `${num(v)} [${num(ci[0])}–${num(ci[1])}]` : num(v);
+}
+
+function primaryOf(detail, stageIndex) {
+  const st = (detail.config.stages || [])[stageIndex] || {};
+  return ((st.eval || {}).metrics || ["greedy"])[0];
+}
+
+function renderEvalMetrics(detail, evals) {
+  // Every eval metric beside a domain's primary score (the curves show that one), e.g. the
+  // agent's calls per task and tool-error rate: its latest value in each stage, with its interval.
+  const root = document.getElementById("eval-metrics");
+  root.replaceChildren();
+  const rows = new Map();
+  const stages = new Set();
+  for (const e of [...evals].sort((a, b) => a.global_step - b.global_step)) {
+    const primary = primaryOf(detail, e.stage_index);
+    for (const [name, m] of Object.entries(e.metrics || {})) {
+      if (name === primary) continue;
+      const key = `${e.domain}\u0000${name}`;
+      if (!rows.has(key)) rows.set(key, { domain: e.domain, metric: name, byStage: {} });
+      rows.get(key).byStage[e.stage_index] = m;
+      stages.add(e.stage_index);
+    }
+  }
+  if (!rows.size) { root.append(el("p", { class: "muted" }, "no eval metrics beside the primary scores")); return; }
+  const cols = detail.stages.filter((s) => stages.has(s.index));
+  const t = el("table", { id: "eval-metrics-table" });
+  const head = el("tr");
+  for (const c of ["domain", "metric", ...cols.map((s) => `latest in ${s.name}`)]) head.append(el("th", {}, c));
+  t.append(head);
+  for (const r of rows.values()) {
+    const tr = el("tr", { "data-domain": r.domain, "data-metric": r.metric });
+    tr.append(el("td", {}, r.domain), el("td", {}, r.metric));
+    for (const s of cols) {
+      const m = r.byStage[s.index];
+      const ci = m && m.low !== null && m.low !== undefined ? [m.low, m.high] : null;
+      const title = m && m.method ? `${m.method} interval over ${m.n} tasks` : "";
+      tr.append(el("td", { title }, m ? fmtMetric(r.metric, m.value, ci) : "–"));
+    }
+    t.append(tr);
+  }
+  root.append(t);
+}
+
+// Step metrics shown per stage when a stage records them: groups by name prefix (the turn
+// loop's `turns/...`), each with the model's share of the completion's tokens beside it.
+const STEP_GROUPS = ["turns/"];
+const STEP_EXTRAS = ["model_tokens_mean", "completion_tokens_mean"];
+let stepCache = { cascade: null, run: null, steps: [] };
+
+async function loadSteps(base, cascadeId) {
+  // Only the steps after the last one seen are fetched (the page polls every 2 s).
+  if (stepCache.cascade !== cascadeId) stepCache = { cascade: cascadeId, run: null, steps: [] };
+  const after = stepCache.steps.length ? stepCache.steps[stepCache.steps.length - 1].global_step : -1;
+  const got = await api(`${base}/metrics?after_global_step=${after}`);
+  if (got.run_id !== stepCache.run) {
+    stepCache = { cascade: cascadeId, run: got.run_id, steps: [] };
+    if (after >= 0) return loadSteps(base, cascadeId);  // another run: read it from its start
+  }
+  const last = stepCache.steps.length ? stepCache.steps[stepCache.steps.length - 1].global_step : -1;
+  stepCache.steps.push(...got.steps.filter((s) => s.global_step > last));  // an overlapping poll's too
+  return stepCache.steps;
+}
+
+function renderStepMetrics(detail, steps) {
+  const root = document.getElementById("step-metrics");
+  root.replaceChildren();
+  const t = el("table", { id: "step-metrics-table" });
+  const head = el("tr");
+  for (const c of ["stage", "metric", "last step", "mean over steps"]) head.append(el("th", {}, c));
+  t.append(head);
+  let any = false;
+  for (const st of detail.stages) {
+    const mine = steps.filter((s) => s.stage_index === st.index);
+    const names = [...new Set(mine.flatMap((s) => Object.keys(s.metrics)))]
+      .filter((k) => STEP_GROUPS.some((g) => k.startsWith(g))).sort();
+    if (!names.length) continue;
+    for (const k of STEP_EXTRAS) if (mine.some((s) => k in s.metrics)) names.push(k);
+    for (const name of names) {
+      const values = mine.map((s) => s.metrics[name]).filter((v) => typeof v === "number");
+      if (!values.length) continue;
+      any = true;
+      const mean = values.reduce((a, b) => a + b, 0) / values.length;
+      const tr = el("tr", { "data-stage": st.name, "data-metric": name });
+      tr.append(
+        el("td", {}, st.name), el("td", {}, name),
+        el("td", {}, isShare(name) ? pct(values[values.length - 1]) : num(values[values.length - 1])),
+        el("td", { title: `${values.length} steps` }, isShare(name) ? pct(mean) : num(mean)),
+      );
+      t.append(tr);
+    }
+  }
+  root.append(any ? t : el("p", { class: "muted" }, "no stage records turn metrics"));
+}
+
+
 function renderRegression(table) {
   const root = document.getElementById("regression");
   root.replaceChildren();
@@ -496,13 +600,16 @@ async function refresh() {
       return;
     }
     const base = `/api/cascades/${selected}`;
-    const [detail, evals, table, reasons, events] = await Promise.all([
+    const [detail, evals, table, reasons, events, steps] = await Promise.all([
       api(base), api(`${base}/evals`), api(`${base}/regression`), api(`${base}/reasons`), api(`${base}/events`),
+      loadSteps(base, selected),
     ]);
     const spans = stageSpans(detail, evals.evals);
     renderTimeline(detail, spans);
     renderCurves(detail, evals.evals, spans);
     renderRegression(table);
+    renderEvalMetrics(detail, evals.evals);
+    renderStepMetrics(detail, steps);
     renderReasons(reasons);
     renderEvents(events, detail);
     renderRun(detail);
