@@ -4,20 +4,24 @@ snapshot of what a run left in its database (read back through `cascade.store.re
 from __future__ import annotations
 
 import copy
+import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from random import Random
 from typing import Any
 
 import pytest
 import yaml
 from sqlalchemy import select
+from stack_probe import REDIS_URL, redis_up
 
 from cascade.config import CascadeConfig, load_cascade_config
 from cascade.embedded import RunResult, embedded_runner
 from cascade.store import repo
 from cascade.store.db import make_engine, session_scope
 from cascade.store.models import Checkpoint, Run
+from cascade.up import LocalStack
 
 TIMING_KEYS = (
     "time_rollout_s",
@@ -29,6 +33,20 @@ TIMING_KEYS = (
     "idle_fraction",
 )
 """Wall-clock metrics: the only step metrics that may differ between identical runs."""
+
+DISTRIBUTED_ONLY = {
+    "time_push_s",
+    "time_push_replica_max_s",
+    "time_save_weights_s",
+    "time_wait_s",
+    "idle_fraction",
+    "duplicate_chunks",
+    "rollout_replicas",
+    "replicas_out",
+    "replica_failures",
+    "reissued_requests",
+}
+"""Step metrics only a distributed run records (its pushes, replicas and re-deliveries)."""
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -154,6 +172,7 @@ class E2E:
     not importable from tests)."""
 
     TIMING_KEYS = TIMING_KEYS
+    DISTRIBUTED_ONLY = DISTRIBUTED_ONLY
 
     def __init__(self, model_path: Path) -> None:
         self.model_path = model_path
@@ -187,3 +206,71 @@ def trained_tiny_model() -> Path:
 
         build_tiny_model(TRAINED_TINY)
     return TRAINED_TINY
+
+
+@pytest.fixture(scope="session")
+def tool_calling_model(random_tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The random tiny model after 300 SFT steps on "prompt with tools -> first call turn"."""
+    import torch
+
+    from cascade.config import ChatConfig
+    from cascade.domains.agent import AgentDomain, default_format, prompt_tools
+    from cascade.engine.batch import build_batch
+    from cascade.engine.logprobs import completion_logits, gather_logprobs
+    from cascade.model.chat import encode_prompts
+    from cascade.model.loading import load_policy
+    from cascade.tools.template import ToolCallText
+
+    out = tmp_path_factory.mktemp("tool-calling-tiny") / "model"
+    shutil.copytree(random_tiny_model, out)
+    policy = load_policy(out)
+    tok, model, fmt = policy.tokenizer, policy.model, default_format()
+    problems = AgentDomain().make_problems("train", 64, seed=0)
+    prompts = encode_prompts(
+        tok, ChatConfig(), [p.prompt for p in problems], False, [prompt_tools(p) for p in problems]
+    )
+    firsts = []
+    for p in problems:
+        calls = [
+            ToolCallText(c["function"]["name"], c["function"]["arguments"])
+            for c in p.meta["trace"][0]["tool_calls"]
+        ]
+        text = fmt.render_calls(calls) + tok.eos_token
+        firsts.append(list(tok(text, add_special_tokens=False)["input_ids"]))
+    torch.manual_seed(0)
+    optim = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    model.train()
+    rng = Random(0)
+    for _ in range(300):
+        rows = rng.sample(range(len(problems)), 8)
+        batch = build_batch([prompts[i] for i in rows], [firsts[i] for i in rows], policy.pad_token_id)
+        logp = gather_logprobs(completion_logits(model, batch), batch.completion_ids)
+        loss = -(logp * batch.completion_mask).sum() / batch.completion_mask.sum()
+        optim.zero_grad(set_to_none=True)
+        loss.backward()
+        optim.step()
+    model.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def agent_stack(tool_calling_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    """The services of a distributed run on the tool-calling model (rollout, reward, teacher),
+    each test starting its own workers and learner; skipped without Redis."""
+    if not redis_up():
+        pytest.skip(f"Redis unreachable at {REDIS_URL}")
+    root = tmp_path_factory.mktemp("agent-distributed")
+    s = LocalStack(
+        config=root / "unset.yaml",
+        model=tool_calling_model,
+        run_dir=root / "unset",
+        log_dir=root / "logs",
+        redis_url=REDIS_URL,
+        celery_workers=0,
+        claim_idle_ms=60_000,
+    )
+    try:
+        s.start_services(timeout_s=120)
+        yield s
+    finally:
+        s.stop()
