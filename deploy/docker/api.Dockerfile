@@ -1,31 +1,43 @@
-# syntax=docker/dockerfile:1.7
 # cascade-api: the control plane (FastAPI + dashboard over Postgres). CPU only, non-root.
 # Start-up waits for the database and applies the Alembic migrations (`alembic upgrade head`,
 # under an advisory lock) before it serves, so no separate migration step is needed.
 #
 #   docker build -f deploy/docker/api.Dockerfile -t cascade-api .      (from the repository root)
+#
+# Builds with the classic builder and BuildKit alike (no syntax directive, no COPY --chmod).
+# Build arguments (public defaults; `make images` swaps in local ones where nothing can be pulled):
+#   PYTHON_IMAGE    the base (any Debian-based Python 3.11 image)
+#   PIP_INDEX_URL   the package index
+#   TORCH_PIP_ARGS  where torch's CPU build comes from (PyPI's default torch is the CUDA one);
+#                   "--no-index --find-links /wheels --no-deps" takes it from deploy/wheels/
+#                   (its own dependencies then come with the project's, in the next layer)
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
+ARG PIP_INDEX_URL=https://pypi.org/simple
+ARG TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu"
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
-# torch's CPU build first: PyPI's default torch wheel is the multi-GB CUDA one. pyproject's
-# `torch==2.13.0` is then satisfied by the installed 2.13.0+cpu.
-RUN pip install --index-url https://download.pytorch.org/whl/cpu torch==2.13.0
+COPY deploy/wheels /wheels
+# torch's CPU build first: pyproject's `torch==2.13.0` is then satisfied by the installed 2.13.0+cpu.
+# hadolint ignore=DL3013
+RUN pip install ${TORCH_PIP_ARGS} torch==2.13.0
 WORKDIR /src
+# The dependencies in a layer of their own, keyed on pyproject.toml: a source change reuses it.
 COPY pyproject.toml README.md ./
+COPY deploy/docker/pyproject-requirements.py /tmp/pyproject-requirements.py
+RUN python /tmp/pyproject-requirements.py pyproject.toml postgres > /tmp/requirements.txt \
+    && pip install -r /tmp/requirements.txt
 COPY proto proto
 COPY scripts/gen-proto.sh scripts/gen-proto.sh
 COPY cascade_proto/__init__.py cascade_proto/__init__.py
 COPY cascade cascade
 COPY services services
 # The gRPC stubs are generated at install (never committed), then packaged with the project.
-# (DL3013 takes '.[postgres]', the project itself, for an unpinned package: its pins are in pyproject.)
 # hadolint ignore=DL3013
-RUN pip install grpcio-tools==1.85.1 \
-    && PY=python bash scripts/gen-proto.sh \
-    && pip install '.[postgres]'
+RUN PY=python bash scripts/gen-proto.sh \
+    && pip install --no-deps --no-build-isolation '.[postgres]'
 
 FROM ${PYTHON_IMAGE} AS runtime
 RUN groupadd --system --gid 10001 cascade \

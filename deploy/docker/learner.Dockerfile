@@ -1,50 +1,57 @@
-# syntax=docker/dockerfile:1.7
 # cascade-learner: the distributed mode's learner (services/learner, issue 6). It publishes prompt
 # batches to Redis streams, trains on the scored groups, pushes weights to the rollout service,
 # asks the teacher service for log-probs, checkpoints to the shared volume and writes stage state
 # and metrics to Postgres. One per cascade: one process on a GPU, or sharded over several GPUs
 # (and nodes) under torchrun, where rank 0 does the talking and every rank writes its shards.
 #
-#   docker build -f deploy/docker/learner.Dockerfile -t cascade-learner .
+#   docker build -f deploy/docker/learner.Dockerfile -t cascade-learner .                 (GPU)
+#   docker build -f deploy/docker/learner.Dockerfile -t cascade-learner:cpu \
+#       --build-arg TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu" .   (CPU)
 #
-# torch 2.13.0 from PyPI is the CUDA 13.0 build: hosts need an NVIDIA driver >= 580 and the
-# NVIDIA Container Toolkit.
-ARG CUDA_RUNTIME_IMAGE=nvidia/cuda:13.0.0-runtime-ubuntu24.04
-ARG UV_IMAGE=ghcr.io/astral-sh/uv:0.13.8
+# GPU: torch 2.13.0 from PyPI is the CUDA 13.0 build and carries the CUDA runtime as wheels
+# (nvidia-*-cu13), so the base is a plain Python 3.11 image: no CUDA base image, no Python
+# toolchain downloaded at build time. Hosts need an NVIDIA driver >= 580 and the NVIDIA Container
+# Toolkit (which mounts the driver into the container).
+# Build arguments: PYTHON_IMAGE, PIP_INDEX_URL and TORCH_PIP_ARGS as in api.Dockerfile, except
+# that TORCH_PIP_ARGS is empty by default here (torch from PIP_INDEX_URL: the CUDA build).
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
-FROM ${UV_IMAGE} AS uv
-
-FROM ${CUDA_RUNTIME_IMAGE} AS build
-RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates \
-    && rm -rf /var/lib/apt/lists/*
-COPY --from=uv /uv /usr/local/bin/uv
-# Python 3.11 (the project's `requires-python`): Ubuntu 24.04 ships 3.12 only.
-ENV UV_PYTHON_INSTALL_DIR=/opt/python UV_NO_CACHE=1 UV_COMPILE_BYTECODE=1 UV_LINK_MODE=copy
-RUN uv python install 3.11 && uv venv --python 3.11 /opt/venv
-ENV VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH
+FROM ${PYTHON_IMAGE} AS build
+ARG PIP_INDEX_URL=https://pypi.org/simple
+ARG TORCH_PIP_ARGS=""
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN python -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH
+COPY deploy/wheels /wheels
+# hadolint ignore=DL3013
+RUN pip install ${TORCH_PIP_ARGS} torch==2.13.0
 WORKDIR /src
 COPY pyproject.toml README.md ./
+COPY deploy/docker/pyproject-requirements.py /tmp/pyproject-requirements.py
+RUN python /tmp/pyproject-requirements.py pyproject.toml postgres > /tmp/requirements.txt \
+    && pip install -r /tmp/requirements.txt
 COPY proto proto
 COPY scripts/gen-proto.sh scripts/gen-proto.sh
 COPY cascade_proto/__init__.py cascade_proto/__init__.py
 COPY cascade cascade
 COPY services services
-RUN uv pip install grpcio-tools==1.85.1 \
-    && PY=python bash scripts/gen-proto.sh \
-    && uv pip install '.[postgres]'
+# hadolint ignore=DL3013
+RUN PY=python bash scripts/gen-proto.sh \
+    && pip install --no-deps --no-build-isolation '.[postgres]'
 
-FROM ${CUDA_RUNTIME_IMAGE} AS runtime
+FROM ${PYTHON_IMAGE} AS runtime
+COPY deploy/docker/learner-entrypoint.sh /opt/cascade/learner-entrypoint.sh
 RUN groupadd --system --gid 10001 cascade \
     && useradd --system --uid 10001 --gid 10001 --create-home --home-dir /home/cascade cascade \
-    && mkdir -p /models /checkpoints && chown 10001:10001 /checkpoints
-COPY --from=build /opt/python /opt/python
+    && mkdir -p /models /checkpoints && chown 10001:10001 /checkpoints \
+    && chmod 0755 /opt/cascade/learner-entrypoint.sh
 COPY --from=build /opt/venv /opt/venv
 COPY deploy/docker/healthcheck.py /opt/cascade/healthcheck.py
-COPY --chmod=0755 deploy/docker/learner-entrypoint.sh /opt/cascade/learner-entrypoint.sh
 ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 \
     HF_HOME=/home/cascade/.cache/huggingface HF_HUB_OFFLINE=1
 USER 10001:10001
 WORKDIR /home/cascade
+VOLUME ["/checkpoints"]
 # /metrics and /health on 9400; /health is SERVING while the learner trains (the model load
 # before the first step can take minutes on a large checkpoint).
 EXPOSE 9400

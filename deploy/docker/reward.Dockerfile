@@ -1,4 +1,3 @@
-# syntax=docker/dockerfile:1.7
 # The reward service: two targets from one image, scaled separately.
 #   --target front   `cascade-reward`: gRPC front (math/if/swe scored in-process), gRPC :50051, /metrics :9100
 #   --target worker  `celery -A services.reward.tasks worker`: the Celery workers that run code in
@@ -14,24 +13,32 @@
 #   docker: --security-opt seccomp=unconfined --security-opt apparmor=unconfined
 #           --security-opt systempaths=unconfined   (see deploy/docker-compose.yml)
 #   Kubernetes: see the reward-worker securityContext in deploy/helm/cascade.
+# Build arguments as in api.Dockerfile (PYTHON_IMAGE, PIP_INDEX_URL, TORCH_PIP_ARGS).
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
+ARG PIP_INDEX_URL=https://pypi.org/simple
+ARG TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu"
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
+COPY deploy/wheels /wheels
 # CPU torch (the rlhf reward model runs on the workers' CPUs); see api.Dockerfile.
-RUN pip install --index-url https://download.pytorch.org/whl/cpu torch==2.13.0
+# hadolint ignore=DL3013
+RUN pip install ${TORCH_PIP_ARGS} torch==2.13.0
 WORKDIR /src
 COPY pyproject.toml README.md ./
+COPY deploy/docker/pyproject-requirements.py /tmp/pyproject-requirements.py
+RUN python /tmp/pyproject-requirements.py pyproject.toml > /tmp/requirements.txt \
+    && pip install -r /tmp/requirements.txt
 COPY proto proto
 COPY scripts/gen-proto.sh scripts/gen-proto.sh
 COPY cascade_proto/__init__.py cascade_proto/__init__.py
 COPY cascade cascade
 COPY services services
-RUN pip install grpcio-tools==1.85.1 \
-    && PY=python bash scripts/gen-proto.sh \
-    && pip install .
+# hadolint ignore=DL3013
+RUN PY=python bash scripts/gen-proto.sh \
+    && pip install --no-deps --no-build-isolation .
 
 FROM ${PYTHON_IMAGE} AS reward-base
 RUN apt-get update \

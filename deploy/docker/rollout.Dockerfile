@@ -1,49 +1,70 @@
-# syntax=docker/dockerfile:1.7
 # cascade-rollout: generation + weight updates behind gRPC (:50052, /metrics :9101), on a GPU.
-# Engines: `--engine hf` (tested) or `--engine vllm` (vLLM is installed here; the engine is written
-# against vLLM's documented API and has not run on a GPU in this repository's CI).
+# Engines: `--engine hf` or `--engine vllm` (vLLM is installed here unless VLLM_VERSION is empty).
 # The rollout workers (`cascade-rollout-worker`, Redis streams -> Generate -> Score) use this
 # image too, with their own entry point.
 #
-#   docker build -f deploy/docker/rollout.Dockerfile -t cascade-rollout .
+#   docker build -f deploy/docker/rollout.Dockerfile -t cascade-rollout .                 (GPU, vLLM)
+#   docker build -f deploy/docker/rollout.Dockerfile -t cascade-rollout:cpu \
+#       --build-arg TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu" \
+#       --build-arg VLLM_VERSION= --build-arg RUNTIME_APT_PACKAGES= .                    (CPU, HF engine)
 #
-# CUDA: torch 2.13.0 from PyPI carries the CUDA 13.0 runtime (hosts need an NVIDIA driver >= 580
-# and the NVIDIA Container Toolkit). The run-time base is the -devel image because vLLM compiles
-# kernels at run time (Triton needs a C compiler; FlashInfer's JIT needs nvcc).
-ARG CUDA_DEVEL_IMAGE=nvidia/cuda:13.0.0-devel-ubuntu24.04
-ARG UV_IMAGE=ghcr.io/astral-sh/uv:0.13.8
+# GPU: torch 2.13.0 and vllm 0.32.0 from PyPI are CUDA 13.0 builds carrying the CUDA runtime as
+# wheels (see learner.Dockerfile); hosts need an NVIDIA driver >= 580 and the NVIDIA Container
+# Toolkit. build-essential is in the run-time image because vLLM compiles kernels at run time
+# (Triton needs a C compiler).
+# Build arguments: PYTHON_IMAGE, PIP_INDEX_URL, TORCH_PIP_ARGS as in learner.Dockerfile, plus
+#   VLLM_VERSION          the vLLM release ("" = none: the HF engine only, the CPU variant)
+#   UV_VERSION            uv from PyPI, for vLLM's install with rollout-vllm-overrides.txt
+#   RUNTIME_APT_PACKAGES  Debian packages of the run-time image ("" for the CPU variant)
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
-FROM ${UV_IMAGE} AS uv
-
-FROM ${CUDA_DEVEL_IMAGE} AS build
+FROM ${PYTHON_IMAGE} AS build
+ARG PIP_INDEX_URL=https://pypi.org/simple
+ARG TORCH_PIP_ARGS=""
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN python -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH
+COPY deploy/wheels /wheels
+# hadolint ignore=DL3013
+RUN pip install ${TORCH_PIP_ARGS} torch==2.13.0
+# (Declared after torch's layer, which the other images' builds then share from the cache.)
 ARG VLLM_VERSION=0.32.0
-RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates \
-    && rm -rf /var/lib/apt/lists/*
-COPY --from=uv /uv /usr/local/bin/uv
-# Python 3.11 (the project's `requires-python`) as a uv-managed interpreter under /opt/python:
-# Ubuntu 24.04 ships 3.12 only.
-ENV UV_PYTHON_INSTALL_DIR=/opt/python UV_NO_CACHE=1 UV_COMPILE_BYTECODE=1 UV_LINK_MODE=copy
-RUN uv python install 3.11 && uv venv --python 3.11 /opt/venv
-ENV VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH
+ARG UV_VERSION=0.13.8
 WORKDIR /src
 COPY pyproject.toml README.md ./
+COPY deploy/docker/pyproject-requirements.py /tmp/pyproject-requirements.py
+COPY deploy/docker/rollout-vllm-overrides.txt /tmp/overrides.txt
+# With vLLM: the project's dependencies and vLLM in one resolution, vLLM's pins over pyproject's
+# (uv pip install --override); uv is removed again after.
+# hadolint ignore=DL3013
+RUN python /tmp/pyproject-requirements.py pyproject.toml > /tmp/requirements.txt \
+    && if [ -n "$VLLM_VERSION" ]; then \
+        pip install "uv==${UV_VERSION}" \
+        && UV_NO_CACHE=1 UV_LINK_MODE=copy uv pip install --python /opt/venv/bin/python --index-url "$PIP_INDEX_URL" \
+            --override /tmp/overrides.txt -r /tmp/requirements.txt "vllm==${VLLM_VERSION}" \
+        && pip uninstall -y uv; \
+    else \
+        pip install -r /tmp/requirements.txt; \
+    fi
 COPY proto proto
 COPY scripts/gen-proto.sh scripts/gen-proto.sh
 COPY cascade_proto/__init__.py cascade_proto/__init__.py
 COPY cascade cascade
 COPY services services
-COPY deploy/docker/rollout-vllm-overrides.txt /tmp/overrides.txt
-RUN uv pip install grpcio-tools==1.85.1 \
-    && PY=python bash scripts/gen-proto.sh \
-    && uv pip install --override /tmp/overrides.txt . "vllm==${VLLM_VERSION}"
+# hadolint ignore=DL3013
+RUN PY=python bash scripts/gen-proto.sh \
+    && pip install --no-deps --no-build-isolation .
 
-FROM ${CUDA_DEVEL_IMAGE} AS runtime
-RUN apt-get update && apt-get install -y --no-install-recommends build-essential \
-    && rm -rf /var/lib/apt/lists/* \
+FROM ${PYTHON_IMAGE} AS runtime
+ARG RUNTIME_APT_PACKAGES="build-essential"
+RUN if [ -n "$RUNTIME_APT_PACKAGES" ]; then \
+        apt-get update \
+        && apt-get install -y --no-install-recommends $RUNTIME_APT_PACKAGES \
+        && rm -rf /var/lib/apt/lists/*; \
+    fi \
     && groupadd --system --gid 10001 cascade \
     && useradd --system --uid 10001 --gid 10001 --create-home --home-dir /home/cascade cascade \
     && mkdir -p /models /checkpoints && chown 10001:10001 /checkpoints
-COPY --from=build /opt/python /opt/python
 COPY --from=build /opt/venv /opt/venv
 COPY deploy/docker/healthcheck.py /opt/cascade/healthcheck.py
 ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 \

@@ -93,16 +93,32 @@ def test_multi_stage_and_non_root(name: str, target: str | None) -> None:
     assert user is not None and user.split(":")[0] not in ("0", "root"), f"{name}: runs as {user!r}"
 
 
-def test_gpu_images_build_on_cuda_and_cpu_images_do_not() -> None:
+def test_gpu_images_take_cuda_from_torch_and_every_image_builds_offline_friendly() -> None:
+    """One base for every image (a Debian Python 3.11, swappable: PYTHON_IMAGE); the GPU images'
+    CUDA comes from PyPI's torch/vLLM wheels (TORCH_PIP_ARGS empty by default), the CPU images'
+    torch from the CPU index, and the GPU images' CPU variant is the same file with
+    TORCH_PIP_ARGS (and, for rollout, VLLM_VERSION="") set. Nothing a classic builder refuses
+    or a registry-less host cannot build: no syntax directive (BuildKit would pull a frontend),
+    no COPY --chmod, no toolchain downloaded outside the package registries (uv python install)."""
     for name, target in TARGETS:
-        base = IMAGES[name].base_image(target)
+        df = IMAGES[name]
+        assert df.base_image(target) == "python:3.11-slim-bookworm", name
+        build_args = dict(a.split("=", 1) for a in df.stage("build").all("ARG") if "=" in a)
+        torch_args = build_args["TORCH_PIP_ARGS"].strip('"')
         if name in GPU_IMAGES:
-            assert base.startswith("nvidia/cuda:"), f"{name}: {base}"
+            assert torch_args == "", f"{name}: the GPU build's torch is PyPI's (CUDA 13.0)"
         else:
-            assert base.startswith("python:3.11-"), f"{name}: {base}"
+            assert torch_args == "--index-url https://download.pytorch.org/whl/cpu", name
+        assert build_args["PIP_INDEX_URL"] == "https://pypi.org/simple", name
+        assert not df.path.read_text().startswith("# syntax="), name
+        assert not any("--chmod" in c for stage in df.stages for c in stage.all("COPY")), name
+        runs = " ".join(rest for stage in df.stages for rest in stage.all("RUN"))
+        assert "uv python install" not in runs, name
+        assert "pip install ${TORCH_PIP_ARGS} torch==" in runs, name
     rollout_runs = " ".join(IMAGES["rollout"].stage("build").all("RUN"))
     assert re.search(r'"vllm==\$\{VLLM_VERSION\}"', rollout_runs)
-    assert IMAGES["rollout"].stage("build").all("ARG") == ["VLLM_VERSION=0.32.0"]
+    assert 'if [ -n "$VLLM_VERSION" ]' in rollout_runs  # "" builds the CPU variant (HF engine)
+    assert "VLLM_VERSION=0.32.0" in IMAGES["rollout"].stage("build").all("ARG")
 
 
 def test_reward_image_carries_the_sandbox() -> None:
