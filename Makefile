@@ -79,13 +79,35 @@ sandbox:
 chromium:
 	bash scripts/ensure-chromium.sh
 
+# Docker (daemon + compose v2 plugin), the local base image, every service image's CPU variant,
+# and the CPU profile of the compose stack on this host (deploy/README.md, "CPU profile"). The
+# container drill (tests/e2e/test_container_drill.py) builds the images itself.
+COMPOSE_CPU := docker compose -f deploy/docker-compose.yml -f deploy/docker-compose.cpu.yml
+
+.PHONY: docker docker-base images stack-up stack-down
+
+docker:
+	bash scripts/ensure-docker.sh
+
+docker-base: docker
+	bash scripts/docker-base.sh
+
+images: docker
+	bash scripts/build-images.sh
+
+stack-up: images
+	$(COMPOSE_CPU) up -d --no-build --wait
+
+stack-down:
+	$(COMPOSE_CPU) down
+
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy cascade
 	$(VENV)/bin/mypy services/api
 	$(VENV)/bin/mypy services/rollout services/teacher services/learner
 
-test: install vllm-env services sandbox chromium $(TINY)/config.json
+test: install vllm-env services sandbox chromium docker $(TINY)/config.json
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy cascade
 	$(VENV)/bin/mypy services/api
