@@ -31,7 +31,7 @@ $(VLLM_STAMP): pyproject.toml scripts/ensure-vllm-env.sh | $(STAMP)
 
 vllm-env: $(VLLM_STAMP)
 
-$(TINY)/config.json: | $(STAMP)
+$(TINY)/config.json: | $(STAMP) sandbox
 	$(VENV)/bin/cascade model init --out $(TINY)
 
 # The main job: the whole cascade on the tiny model in one process (resumes if interrupted).
@@ -45,7 +45,7 @@ ablation: install sandbox $(TINY)/config.json
 
 # All five domains, RLHF -> IF -> math -> code -> SWE, on a model SFT'd on all five (plus the
 # tiny reward model rlhf needs, in $(TINY_FULL)/reward_model).
-$(TINY_FULL)/config.json: | $(STAMP)
+$(TINY_FULL)/config.json: | $(STAMP) sandbox
 	$(VENV)/bin/cascade model init --spec full --out $(TINY_FULL)
 
 demo-full: install sandbox $(TINY_FULL)/config.json
@@ -54,7 +54,7 @@ demo-full: install sandbox $(TINY_FULL)/config.json
 # math -> code -> agent on a model SFT'd on math, code and tool-call traces (single-token tool
 # markers); the agent stage with and without distillation, same seed, and the regression table
 # in bench/results/agent_cascade.{json,md}.
-$(TINY_AGENT)/config.json: | $(STAMP)
+$(TINY_AGENT)/config.json: | $(STAMP) sandbox
 	$(VENV)/bin/cascade model init --spec agent --out $(TINY_AGENT)
 
 ablation-agent: install sandbox $(TINY_AGENT)/config.json
