@@ -20,8 +20,10 @@ An episode ends at a turn without calls (`stop`), a turn cut by the token budget
 the budget for another turn (`length`; the text is then not appended). The budget counts every
 completion token, the model's and the environment's.
 
-The engine is asked for the whole context each round (the HF engine prefills it again; vLLM
-with prefix caching reuses the cached blocks of the context it has seen).
+The engine is asked for the whole context each round (vLLM with prefix caching reuses the
+cached blocks of the context it has seen; the HF engine prefills it again: its prefix cache,
+`cascade.engine.prefix_kv`, is not yet wired into `generate`, so both of its paths, the learner's
+`PolicyGenerate` and the rollout service's `HFEngine`, take the same decision, none).
 """
 
 from __future__ import annotations
