@@ -57,9 +57,15 @@ def stage_effect(table: RegressionTable, stage: int) -> dict[str, float | None]:
     return out
 
 
+def _shown(path: Path) -> str:
+    """The path as the results file shows it: relative to the repository when inside it."""
+    resolved = path.resolve()
+    return str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else str(path)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("config", nargs="?", default=str(ROOT / "examples" / "agent-cascade.yaml"))
+    parser.add_argument("config", nargs="?", default="examples/agent-cascade.yaml")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "agent_cascade"))
     args = parser.parse_args()
     cfg = load_cascade_config(Path(args.config))
@@ -76,7 +82,7 @@ def main() -> int:
     sft_log = cfg.model.path / "sft_log.json"
     sft = json.loads(sft_log.read_text()) if sft_log.exists() else {}
     result = {
-        "config_path": str(Path(args.config)),
+        "config_path": _shown(Path(args.config)),
         "config": Path(args.config).read_text(),
         "commit": _commit(),
         "model": {k: sft.get(k) for k in ("steps", "stopped_by", "final_scores", "n_parameters")},
@@ -88,7 +94,8 @@ def main() -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
     lines = [f"# Agent cascade: {' -> '.join(s.label for s in cfg.stages)}", ""]
-    lines += [f"Config `{args.config}`, commit `{result['commit']}`, model {cfg.model.path}.", ""]
+    shown = _shown(Path(args.config))
+    lines += [f"Config `{shown}`, commit `{result['commit']}`, model {cfg.model.path}.", ""]
     for key, title in (("distill", "With distillation"), ("no_distill", "Without distillation")):
         lines += [f"## {title}", "", render_markdown(tables[key])]
     if effects:
