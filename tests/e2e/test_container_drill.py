@@ -50,7 +50,7 @@ pytestmark = [
     # preflight runs in the learner, whose image has no bubblewrap). Opt in until that is fixed.
     pytest.mark.skipif(
         os.environ.get("CASCADE_CONTAINER_DRILL") != "1",
-        reason="container drill not yet green (learner image lacks bubblewrap); CASCADE_CONTAINER_DRILL=1 runs it",
+        reason="container drill not yet green (learner image lacks bubblewrap); CASCADE_CONTAINER_DRILL=1",
     ),
 ]
 
