@@ -10,6 +10,7 @@ redis-server for the private, restarted one.
 
 from __future__ import annotations
 
+import http.client
 import json
 import re
 import signal
@@ -191,8 +192,9 @@ def test_teacher_service_killed_and_restarted_mid_stage(stack: LocalStack, e2e: 
         _wait("the teacher back", lambda: "teacher back after" in learner.log(), learner)
         try:
             outages: dict[str, float] | None = _dependency_outages(learner.metrics_port)
-        except urllib.error.URLError:  # the learner finished its last step first; step metrics show it
-            assert not learner.alive()
+        except (OSError, http.client.HTTPException):
+            # The learner finished its last steps first: its metrics server closes before the
+            # process exits (so it may still be alive here); the step metrics hold the outage.
             outages = None
         assert stack.wait(timeout_s=180) == 0, learner.log()[-3000:]
         log = learner.log()
