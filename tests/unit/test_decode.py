@@ -134,8 +134,10 @@ def test_shared_prompt_forward_equals_the_plain_one_with_gradients(kind: str) ->
     grads_plain = [p.grad for p in model.parameters() if p.grad is not None]
     torch.testing.assert_close(shared, plain, atol=1e-5, rtol=0)
     assert len(grads_shared) == len(grads_plain)
+    # Gradients sum over every completion token in another order on the two paths: on this
+    # machine's CPU one element of 6208 differed by 1.15e-5 (the landed tree too), so 5e-5.
     for a, b in zip(grads_shared, grads_plain, strict=True):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(a, b, atol=5e-5, rtol=1e-4)
 
 
 def test_repeated_prompts_share_one_prefill_and_decode_like_single_ones() -> None:
