@@ -317,3 +317,56 @@ def test_the_deadline_fires_again_when_its_first_raise_is_swallowed() -> None:
                         raise
     assert swallowed == 2
     assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+def test_a_timeout_swallowed_in_a_weakref_callback_is_not_reported_as_unraisable() -> None:
+    """The interpreter hands a raise inside a weakref callback to `sys.unraisablehook` (pytest
+    fails the test that was running; a service logs a crash). Our own timeout there is expected:
+    the deadline drops it, still stops the check, and passes any other unraisable on."""
+    import signal
+    import sys
+    import time
+    import weakref
+
+    from cascade.domains.math import _deadline, _VerifyTimeout
+
+    class Target:
+        pass
+
+    callback: list[str] = []
+
+    def slow_callback(ref: object) -> None:
+        callback.append("started")
+        started = time.monotonic()
+        while time.monotonic() - started < 2.0:  # the alarm fires in here
+            pass
+        callback.append("finished")
+
+    def failing_callback(ref: object) -> None:
+        raise KeyError("not ours")
+
+    reported: list[BaseException | None] = []
+    outer_hook = sys.unraisablehook
+
+    def record(unraisable: object) -> None:
+        reported.append(unraisable.exc_value)  # type: ignore[attr-defined]
+
+    target, other = Target(), Target()
+    ref = weakref.ref(target, slow_callback)
+    other_ref = weakref.ref(other, failing_callback)
+    sys.unraisablehook = record
+    try:
+        with pytest.raises(_VerifyTimeout):
+            with _deadline(0.3):
+                del other  # its callback raises: not ours, reported
+                del target  # its callback runs now and swallows the first raise
+                while True:
+                    time.sleep(0.001)
+        hook_after = sys.unraisablehook
+    finally:
+        sys.unraisablehook = outer_hook
+    assert callback == ["started"]  # stopped by the deadline, inside the callback
+    assert [type(exc) for exc in reported] == [KeyError]
+    assert ref() is None and other_ref() is None
+    assert hook_after is record
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
