@@ -498,6 +498,8 @@ class ResilienceConfig(StrictModel):
     """The teacher service (distillation log-probs)."""
     rollout_s: float = Field(300.0, ge=0)
     """The rollout service: every replica down at once (one down of several: the others serve)."""
+    reward_s: float = Field(300.0, ge=0)
+    """The reward service, where the distributed learner's evals of code and swe are scored."""
 
 
 DEVICE_PATTERN = r"^(auto|cpu|cuda(:[0-9]+)?)$"

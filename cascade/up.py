@@ -292,6 +292,7 @@ class LocalStack:
         argv = [str(self.config), "--run-dir", str(self.run_dir)]
         argv += ["--redis-url", self.redis_url, "--stream-prefix", self.stream_prefix]
         argv += ["--rollout", self.rollout_addresses(), "--teacher", self.procs["teacher"].address]
+        argv += ["--reward", self.procs["reward"].address]
         metrics = free_port()
         argv += ["--host", "127.0.0.1", "--metrics-port", str(metrics)]
         if self.db:

@@ -11,7 +11,7 @@ rollout workers, the teacher service, the rollout service's weight updates).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -89,8 +89,13 @@ class RunSources:
     rollouts: RolloutSource
     teachers: TeacherSource
     weights: WeightSink
+    also_close: list[Callable[[], None]] = field(default_factory=list)
+    """What else the run holds open for its sources (e.g. the reward service's channel that the
+    distributed learner's eval verifiers share)."""
 
     def close(self) -> None:
         self.rollouts.close()
         self.teachers.close()
         self.weights.close()
+        for close in self.also_close:
+            close()

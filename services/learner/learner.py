@@ -16,6 +16,7 @@ from cascade.runner.sources import TeacherSource
 from cascade.transport.channel import ServiceUnavailable
 from cascade.transport.redis_streams import TRANSIENT as REDIS_TRANSIENT
 from cascade.transport.rollout_replicas import Addresses
+from services.learner.eval_scoring import EvalScorers, reward_outage
 from services.learner.replicas import NoReplicaLeft, RolloutReplicas
 from services.learner.sources import NoTeachers, ServiceTeachers, StreamRollouts
 
@@ -27,6 +28,7 @@ class ServiceOutages:
     redis: Dependency
     teacher: Dependency
     rollout: Dependency
+    reward: Dependency
 
     @classmethod
     def from_config(cls, cfg: ResilienceConfig, log: Callable[[str], None]) -> ServiceOutages:
@@ -36,10 +38,11 @@ class ServiceOutages:
                 "teacher", give_up_after_s=cfg.teacher_s, transient=(ServiceUnavailable,), log=log
             ),
             rollout=Dependency("rollout", give_up_after_s=cfg.rollout_s, transient=(NoReplicaLeft,), log=log),
+            reward=reward_outage(cfg.reward_s, log),
         )
 
     def all(self) -> list[Dependency]:
-        return [self.redis, self.teacher, self.rollout]
+        return [self.redis, self.teacher, self.rollout, self.reward]
 
 
 def distributed_runner(
@@ -52,6 +55,7 @@ def distributed_runner(
     teacher: str | None,
     rollout_dns: str | None = None,
     rollout_wait_s: float = 60.0,
+    reward: str | None = None,
     on_replica_failure: Callable[[str, str], None] | None = None,
     keep_weights: int = 2,
     outages: ServiceOutages | None = None,
@@ -61,6 +65,8 @@ def distributed_runner(
 
     `rollout`: one or more rollout replicas `host:port[,host:port...]`; `rollout_dns`: a name
     (`name:port`, a headless Service) resolved to all its addresses at each weight push.
+    `reward`: the reward service `host:port` that scores the sandboxed domains' evals
+    (`eval_scoring`); without it the learner runs their verifiers itself and needs the sandbox.
     `outages`: the Redis, teacher and rollout dependencies (default: from `config.resilience`)."""
     distill = kwargs.get("distill", True)
     distils = any(config.teachers_for(i) for i in range(len(config.stages)))
@@ -88,6 +94,10 @@ def distributed_runner(
     if teacher is not None:
         teachers = ServiceTeachers(teacher, vocab_size=_vocab_size(config), log=log, outage=outages.teacher)
     sources = RunSources(rollouts=rollouts, teachers=teachers, weights=rollouts)
+    if reward is not None:
+        scorers = EvalScorers(config, reward, outages.reward)
+        sources.also_close.append(scorers.close)
+        kwargs["domains"] = scorers.domains
     try:
         runner = CascadeRunner(config, sources, run_dir=run_dir, **kwargs)
     except BaseException:

@@ -66,6 +66,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="at start, wait this long for every listed replica to answer (default: %(default)s)",
     )
     p.add_argument("--teacher", help="teacher service address host:port (needed when a stage distils)")
+    p.add_argument(
+        "--reward",
+        help="reward service address host:port: code and swe evals are scored there, in its sandbox "
+        "(default: by the learner itself, which then needs bubblewrap)",
+    )
     p.add_argument("--no-distill", action="store_true", help="ablation: no distillation in any stage")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--resume", action="store_true", help="continue from the run's last checkpoint")
@@ -201,6 +206,7 @@ def _drive(args: argparse.Namespace, cfg: Any, world: Any) -> int:
             on_replica_failure=metrics.replica_failed,
             outages=outages,
             teacher=args.teacher,
+            reward=args.reward,
             on_step=metrics.observe,
             world=world,
         )

@@ -25,15 +25,19 @@ from services.learner.sources import ServiceTeachers
 
 
 def test_bounds_come_from_the_resilience_config() -> None:
-    outages = ServiceOutages.from_config(ResilienceConfig(redis_s=7, teacher_s=8, rollout_s=9), print)
+    outages = ServiceOutages.from_config(
+        ResilienceConfig(redis_s=7, teacher_s=8, rollout_s=9, reward_s=10), print
+    )
     assert [(d.name, d.give_up_after_s) for d in outages.all()] == [
         ("redis", 7),
         ("teacher", 8),
         ("rollout", 9),
+        ("reward", 10),
     ]
     assert outages.teacher.transient == (ServiceUnavailable,) and outages.rollout.transient == (
         NoReplicaLeft,
     )
+    assert outages.reward.transient == (ServiceUnavailable,)
 
 
 def test_prometheus_shows_an_open_outage_and_counts_it() -> None:
