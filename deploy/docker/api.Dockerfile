@@ -25,10 +25,11 @@ COPY deploy/wheels /wheels
 RUN pip install ${TORCH_PIP_ARGS} torch==2.13.0
 WORKDIR /src
 # The dependencies in a layer of their own, keyed on pyproject.toml: a source change reuses it.
-COPY pyproject.toml README.md ./
+COPY pyproject.toml ./
 COPY deploy/docker/pyproject-requirements.py /tmp/pyproject-requirements.py
 RUN python /tmp/pyproject-requirements.py pyproject.toml postgres > /tmp/requirements.txt \
     && pip install -r /tmp/requirements.txt
+COPY README.md ./
 COPY proto proto
 COPY scripts/gen-proto.sh scripts/gen-proto.sh
 COPY cascade_proto/__init__.py cascade_proto/__init__.py

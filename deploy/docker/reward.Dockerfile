@@ -27,10 +27,11 @@ COPY deploy/wheels /wheels
 # hadolint ignore=DL3013
 RUN pip install ${TORCH_PIP_ARGS} torch==2.13.0
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml ./
 COPY deploy/docker/pyproject-requirements.py /tmp/pyproject-requirements.py
 RUN python /tmp/pyproject-requirements.py pyproject.toml > /tmp/requirements.txt \
     && pip install -r /tmp/requirements.txt
+COPY README.md ./
 COPY proto proto
 COPY scripts/gen-proto.sh scripts/gen-proto.sh
 COPY cascade_proto/__init__.py cascade_proto/__init__.py

@@ -31,7 +31,7 @@ RUN pip install ${TORCH_PIP_ARGS} torch==2.13.0
 ARG VLLM_VERSION=0.32.0
 ARG UV_VERSION=0.13.8
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml ./
 COPY deploy/docker/pyproject-requirements.py /tmp/pyproject-requirements.py
 COPY deploy/docker/rollout-vllm-overrides.txt /tmp/overrides.txt
 # With vLLM: the project's dependencies and vLLM in one resolution, vLLM's pins over pyproject's
@@ -46,6 +46,7 @@ RUN python /tmp/pyproject-requirements.py pyproject.toml > /tmp/requirements.txt
     else \
         pip install -r /tmp/requirements.txt; \
     fi
+COPY README.md ./
 COPY proto proto
 COPY scripts/gen-proto.sh scripts/gen-proto.sh
 COPY cascade_proto/__init__.py cascade_proto/__init__.py

@@ -132,6 +132,7 @@ class Drill:
             "--stream-prefix", e["CASCADE_STREAM_PREFIX"],
             "--rollout", f"127.0.0.1:{e['CASCADE_ROLLOUT_PORT']}",
             "--teacher", f"127.0.0.1:{e['CASCADE_TEACHER_PORT']}",
+            "--reward", f"127.0.0.1:{e['CASCADE_REWARD_PORT']}",
             "--device", "cpu",
             "--metrics-port", e["CASCADE_LEARNER_METRICS_PORT"],
         ]  # fmt: skip

@@ -36,7 +36,12 @@ DISTRIBUTED_ONLY = {
     "replica_failures",
     "reissued_requests",
 }
-DISTRIBUTED_ONLY_PREFIXES = ("resilience/redis_", "resilience/teacher_", "resilience/rollout_")
+DISTRIBUTED_ONLY_PREFIXES = (
+    "resilience/redis_",
+    "resilience/teacher_",
+    "resilience/rollout_",
+    "resilience/reward_",
+)
 """The services' outages (`services.learner.sources`): the embedded run has none of them."""
 
 
