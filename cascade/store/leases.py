@@ -50,7 +50,19 @@ class Holder:
 
     @classmethod
     def this_process(cls, token: str) -> Holder:
-        return cls(token=token, host=socket.gethostname(), pid=os.getpid())
+        return cls(token=token, host=this_host(), pid=os.getpid())
+
+
+def this_host() -> str:
+    """Where a pid means one process: the hostname and the PID namespace. Containers with host
+    networking share the host's name but each has its own PID namespace (where the learner is
+    often pid 1): by the hostname alone, one container would read another's live runner as dead
+    because no such pid exists in its own namespace, and take over a lease still in use."""
+    try:
+        namespace = os.readlink("/proc/self/ns/pid")  # e.g. pid:[4026531836]
+    except OSError:
+        return socket.gethostname()
+    return f"{socket.gethostname()} {namespace}"
 
 
 def _pid_alive(pid: int) -> bool:
@@ -68,10 +80,10 @@ def is_live(lease: RunLease | None, now: datetime | None = None) -> bool:
 
 
 def holder_is_dead(lease: RunLease, now: datetime) -> bool:
-    """Expired, or held by a process of this host that no longer exists."""
+    """Expired, or held by a process of this host (and PID namespace) that no longer exists."""
     if not is_live(lease, now):
         return True
-    return lease.host == socket.gethostname() and not _pid_alive(lease.pid)
+    return lease.host == this_host() and not _pid_alive(lease.pid)
 
 
 def acquire(

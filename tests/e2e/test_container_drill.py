@@ -43,6 +43,7 @@ TAG = "cpu"
 BROKER_DB = 12  # Redis databases of their own: no other test's Celery worker takes the drill's tasks
 STREAMS_DB = 13
 LABEL_KEY = "io.cascade.stack"
+MATH_STEPS, CODE_STEPS = 30, 4
 
 pytestmark = [
     pytest.mark.postgres,
@@ -165,7 +166,12 @@ class Drill:
 
 
 def _wait(
-    what: str, cond: Callable[[], bool], *, timeout_s: float, alive: Callable[[], bool] | None = None
+    what: str,
+    cond: Callable[[], bool],
+    *,
+    timeout_s: float,
+    alive: Callable[[], bool] | None = None,
+    poll_s: float = 1.0,
 ) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -175,7 +181,7 @@ def _wait(
             if cond():
                 return
             raise AssertionError(f"{what}: the container exited first")
-        time.sleep(1.0)
+        time.sleep(poll_s)
     raise AssertionError(f"{what}: not within {timeout_s:.0f} s")
 
 
@@ -199,7 +205,8 @@ def _policy_dir(tmp: Path, random_tiny_model: Path) -> Path:
 
 
 def _two_stage_config(path: Path) -> None:
-    """math then code, a handful of steps each, code distilling from math; checkpoints every 2."""
+    """math then code, code distilling from math; checkpoints every 2. The math stage is long
+    enough (MATH_STEPS) for a pause, a resume and a kill to land inside it on a fast machine."""
     grpo = {"group_size": 4, "prompts_per_step": 4, "budget": {"max_new_tokens": 16}}
     prompts = {"kind": "synthetic", "seed": 0, "n_train": 64, "n_eval": 8}
     data = {
@@ -215,13 +222,18 @@ def _two_stage_config(path: Path) -> None:
             },
         ],
         "stages": [
-            {"domain": "math", "grpo": dict(grpo), "advance": {"max_steps": 4}, "eval": {"every": 4}},
+            {
+                "domain": "math",
+                "grpo": dict(grpo),
+                "advance": {"max_steps": MATH_STEPS},
+                "eval": {"every": MATH_STEPS // 2},
+            },
             {
                 "domain": "code",
                 "grpo": dict(grpo),
                 "distill": {"loss": "sampled", "prompts_per_teacher": 4},
-                "advance": {"max_steps": 4},
-                "eval": {"every": 4},
+                "advance": {"max_steps": CODE_STEPS},
+                "eval": {"every": CODE_STEPS},
             },
         ],
         "rollout": {"seeding": "per_request", "prompts_per_request": 2},
@@ -345,9 +357,9 @@ def test_cascade_through_the_containers(drill: tuple[Drill, str], e2e: Any) -> N
     def running() -> bool:
         return bool(d.state(learner)["Running"])
 
-    _wait("a first step", lambda: stages()[0]["steps_done"] >= 1, timeout_s=600, alive=running)
+    _wait("a first step", lambda: stages()[0]["steps_done"] >= 1, timeout_s=600, alive=running, poll_s=0.2)
     command(first, "pause")
-    _wait("the pause", lambda: stages()[0]["state"] == "paused", timeout_s=120, alive=running)
+    _wait("the pause", lambda: stages()[0]["state"] == "paused", timeout_s=120, alive=running, poll_s=0.2)
     paused_at = stages()[0]["steps_done"]
     time.sleep(3.0)  # the learner polls every second: a paused stage takes no step meanwhile
     assert running(), "a pause keeps the learner up (--follow)"
@@ -361,6 +373,9 @@ def test_cascade_through_the_containers(drill: tuple[Drill, str], e2e: Any) -> N
     _wait("the killed learner", lambda: not running(), timeout_s=60)
     assert d.state(learner)["ExitCode"] == 137
     assert detail()["status"] != "completed"
+    # The killed container's lease runs out (lease.expiry_s, 30 s): the API shows the run stalled.
+    # Until then a new learner refuses (another container's pid says nothing about this one's).
+    _wait("the stalled run", lambda: detail()["runs"][-1]["status"] == "stalled", timeout_s=120)
 
     resumed = d.start_learner("learner-2", "--cascade-id", str(cascade_id), "--follow", "--resume")
 
@@ -379,10 +394,10 @@ def test_cascade_through_the_containers(drill: tuple[Drill, str], e2e: Any) -> N
     assert [s["state"] for s in done["stages"]] == ["completed", "completed"]
     assert second == done["stages"][1]["id"]
     rows = e2e.rows(db_url)
-    assert [(s, st) for s, st, _, _ in rows.steps] == [(0, i) for i in range(1, 5)] + [
-        (1, i) for i in range(1, 5)
+    assert [(s, st) for s, st, _, _ in rows.steps] == [(0, i) for i in range(1, MATH_STEPS + 1)] + [
+        (1, i) for i in range(1, CODE_STEPS + 1)
     ]
-    assert [g for _, _, g, _ in rows.steps] == list(range(1, 9))  # contiguous, none twice
+    assert [g for _, _, g, _ in rows.steps] == list(range(1, MATH_STEPS + CODE_STEPS + 1))  # none twice
     assert any(kind == "transition" and to == "paused" for kind, _, to, _ in rows.events), rows.events
 
     # The code stage was scored by the reward-worker container, in bubblewrap.
@@ -390,7 +405,7 @@ def test_cascade_through_the_containers(drill: tuple[Drill, str], e2e: Any) -> N
     assert "code sandbox ready" in worker_log, worker_log[-2000:]
     assert re.search(r"Task cascade\.reward\.score_items\[[\w-]+\] succeeded", worker_log), worker_log[-3000:]
     code_steps = rows.step_metrics(1)
-    assert len(code_steps) == 4
+    assert len(code_steps) == CODE_STEPS
     assert all(m["verifier_failure_fraction"] == 0 for m in code_steps), code_steps
 
     # The dashboard: the API container serves it, and (headless Chromium, where installed) it
