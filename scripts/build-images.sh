@@ -8,6 +8,7 @@
 # deploy/wheels/ and torch comes from nothing else. Builds use --network host (no bridge here).
 # Each image's build time and size go to $TIMINGS (TSV), for bench/results/images.md.
 # The GPU variants are the Dockerfiles' defaults: `docker build -f deploy/docker/X.Dockerfile .`.
+# Arguments: the images to build (default: all), e.g. `scripts/build-images.sh cascade-learner`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -37,9 +38,13 @@ index="${PIP_INDEX_URL_BUILD:-https://pypi.org/simple}"
 
 mkdir -p "$(dirname "$TIMINGS")"
 : > "$TIMINGS"
+only=("$@")  # image names to build (default: all six), e.g. cascade-learner cascade-reward-worker
 build() {  # build NAME DOCKERFILE [docker build args...]
     local name="$1" file="$2"
     shift 2
+    if [ "${#only[@]}" -gt 0 ] && [[ " ${only[*]} " != *" $name "* ]]; then
+        return 0
+    fi
     local start
     start=$(date +%s)
     echo "building $name:$TAG ($file)"

@@ -20,7 +20,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from celery import Celery, Task
-from celery.signals import worker_init
+from celery.signals import worker_init, worker_ready
 
 from services.reward.batch import DomainCache, batch_from_payload, infra_verdicts, verdicts_to_json
 
@@ -133,7 +133,18 @@ def _check_sandbox(**_: Any) -> None:
     except preflight.SandboxUnavailable as err:
         log.critical("%s", err)
         raise SystemExit(78) from None  # EX_CONFIG
-    log.info("code sandbox ready:\n%s", preflight.format_report(checks))
+    _sandbox_report.append(preflight.format_report(checks))
+
+
+_sandbox_report: list[str] = []
+"""The passed check's report, logged once the worker's logging is set up (at `worker_init` an
+INFO line goes nowhere)."""
+
+
+@worker_ready.connect
+def _report_sandbox(**_: Any) -> None:
+    for report in _sandbox_report:
+        log.info("code sandbox ready:\n%s", report)
 
 
 def configure(settings: Mapping[str, Any]) -> Celery:

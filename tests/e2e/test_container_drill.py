@@ -402,8 +402,11 @@ def test_cascade_through_the_containers(drill: tuple[Drill, str], e2e: Any) -> N
 
     # The code stage was scored by the reward-worker container, in bubblewrap.
     worker_log = d.service_logs("reward-worker")
-    assert "code sandbox ready" in worker_log, worker_log[-2000:]
+    worker_id = d.compose("ps", "-q", "reward-worker").split()[0]
+    health = _run(["docker", "inspect", "-f", "{{.State.Health.Status}}", worker_id]).strip()
+    assert health == "healthy", health  # its health check is `cascade sandbox check`
     assert re.search(r"Task cascade\.reward\.score_items\[[\w-]+\] succeeded", worker_log), worker_log[-3000:]
+    assert re.search(r"\d+/\d+ passed", worker_log), worker_log[-3000:]  # the harness ran programs
     code_steps = rows.step_metrics(1)
     assert len(code_steps) == CODE_STEPS
     assert all(m["verifier_failure_fraction"] == 0 for m in code_steps), code_steps

@@ -36,6 +36,7 @@ def front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Front]:
         f = Front("eval-front", url, log_dir, "--task-timeout-s", "60")
         procs.append(f)
         worker.wait_for_log("ready.", 30)
+        worker.wait_for_log("code sandbox ready", 30)  # the passed check, in the worker's own log
         f.wait_serving(30)
         yield f
     finally:
