@@ -12,15 +12,19 @@
 #                   "--no-index --find-links /wheels --no-deps" takes it from deploy/wheels/
 #                   (its own dependencies then come with the project's, in the next layer)
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+ARG TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu"
 
 FROM ${PYTHON_IMAGE} AS build
+# This stage is the same text in every service image (tests/deploy checks it): one daemon
+# builds its layers (torch, the dependencies, the project) once for all of them when their build
+# arguments agree, as the CPU variants' do (the rollout image adds vLLM after it).
 ARG PIP_INDEX_URL=https://pypi.org/simple
-ARG TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu"
+ARG TORCH_PIP_ARGS
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 COPY deploy/wheels /wheels
-# torch's CPU build first: pyproject's `torch==2.13.0` is then satisfied by the installed 2.13.0+cpu.
+# torch first: pyproject's `torch==2.13.0` is then satisfied by the build TORCH_PIP_ARGS chose.
 # hadolint ignore=DL3013
 RUN pip install ${TORCH_PIP_ARGS} torch==2.13.0
 WORKDIR /src
@@ -41,9 +45,10 @@ RUN PY=python bash scripts/gen-proto.sh \
     && pip install --no-deps --no-build-isolation '.[postgres]'
 
 FROM ${PYTHON_IMAGE} AS runtime
+# The venv first, on the bare base: the same layer in every image that shares the build stage.
+COPY --from=build /opt/venv /opt/venv
 RUN groupadd --system --gid 10001 cascade \
     && useradd --system --uid 10001 --gid 10001 --create-home --home-dir /home/cascade cascade
-COPY --from=build /opt/venv /opt/venv
 COPY deploy/docker/healthcheck.py /opt/cascade/healthcheck.py
 ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 USER 10001:10001

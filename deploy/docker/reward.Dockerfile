@@ -15,21 +15,27 @@
 #   Kubernetes: see the reward-worker securityContext in deploy/helm/cascade.
 # Build arguments as in api.Dockerfile (PYTHON_IMAGE, PIP_INDEX_URL, TORCH_PIP_ARGS).
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+# CPU torch (the rlhf reward model runs on the workers' CPUs); see api.Dockerfile.
+ARG TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu"
 
 FROM ${PYTHON_IMAGE} AS build
+# This stage is the same text in every service image (tests/deploy checks it): one daemon
+# builds its layers (torch, the dependencies, the project) once for all of them when their build
+# arguments agree, as the CPU variants' do (the rollout image adds vLLM after it).
 ARG PIP_INDEX_URL=https://pypi.org/simple
-ARG TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu"
+ARG TORCH_PIP_ARGS
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 COPY deploy/wheels /wheels
-# CPU torch (the rlhf reward model runs on the workers' CPUs); see api.Dockerfile.
+# torch first: pyproject's `torch==2.13.0` is then satisfied by the build TORCH_PIP_ARGS chose.
 # hadolint ignore=DL3013
 RUN pip install ${TORCH_PIP_ARGS} torch==2.13.0
 WORKDIR /src
+# The dependencies in a layer of their own, keyed on pyproject.toml: a source change reuses it.
 COPY pyproject.toml ./
 COPY deploy/docker/pyproject-requirements.py /tmp/pyproject-requirements.py
-RUN python /tmp/pyproject-requirements.py pyproject.toml > /tmp/requirements.txt \
+RUN python /tmp/pyproject-requirements.py pyproject.toml postgres > /tmp/requirements.txt \
     && pip install -r /tmp/requirements.txt
 COPY README.md ./
 COPY proto proto
@@ -37,17 +43,19 @@ COPY scripts/gen-proto.sh scripts/gen-proto.sh
 COPY cascade_proto/__init__.py cascade_proto/__init__.py
 COPY cascade cascade
 COPY services services
+# The gRPC stubs are generated at install (never committed), then packaged with the project.
 # hadolint ignore=DL3013
 RUN PY=python bash scripts/gen-proto.sh \
-    && pip install --no-deps --no-build-isolation .
+    && pip install --no-deps --no-build-isolation '.[postgres]'
 
 FROM ${PYTHON_IMAGE} AS reward-base
+# The venv first, on the bare base: the same layer in every image that shares the build stage.
+COPY --from=build /opt/venv /opt/venv
 RUN apt-get update \
     && apt-get install -y --no-install-recommends bubblewrap python3 \
     && rm -rf /var/lib/apt/lists/* \
     && groupadd --system --gid 10001 cascade \
     && useradd --system --uid 10001 --gid 10001 --create-home --home-dir /home/cascade cascade
-COPY --from=build /opt/venv /opt/venv
 COPY deploy/docker/healthcheck.py /opt/cascade/healthcheck.py
 ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 USER 10001:10001
