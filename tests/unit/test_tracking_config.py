@@ -82,18 +82,20 @@ def test_up_passes_track_to_the_learner(tmp_path: Path) -> None:
     args = parse_args([str(config), "--rollout", "127.0.0.1:1", "--track", "tensorboard,mlflow"])
     assert args.track == ["tensorboard", "mlflow"]
     assert parse_args([str(config), "--rollout", "127.0.0.1:1"]).track is None
+    services = ("rollout", "teacher", "reward")  # the learner's argv names their addresses
     for track, expected in ((["wandb", "mlflow"], ["--track", "wandb,mlflow"]), ([], ["--track", "none"])):
         stack = LocalStack(
             config=config, model=tmp_path, run_dir=tmp_path / "run", log_dir=tmp_path, track=track
         )
-        stack.procs = {name: Proc(name, [], tmp_path / name, port=1) for name in ("rollout", "teacher")}
+        stack.procs = {name: Proc(name, [], tmp_path / name, port=1) for name in services}
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(Proc, "start", lambda self, env, nice=0: None)  # the argv only, no process
             argv = stack.start_learner().argv
         i = argv.index("--track")
         assert argv[i : i + 2] == expected
+        assert argv[argv.index("--reward") + 1] == stack.procs["reward"].address  # code evals there
     stack = LocalStack(config=config, model=tmp_path, run_dir=tmp_path / "run", log_dir=tmp_path)
-    stack.procs = {name: Proc(name, [], tmp_path / name, port=1) for name in ("rollout", "teacher")}
+    stack.procs = {name: Proc(name, [], tmp_path / name, port=1) for name in services}
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(Proc, "start", lambda self, env, nice=0: None)
         assert "--track" not in stack.start_learner().argv  # the config's tracking section decides
