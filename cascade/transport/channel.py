@@ -7,7 +7,12 @@ reaches the new process instead of failing fast on a channel still waiting out i
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 import grpc
+
+T = TypeVar("T")
 
 RECONNECT_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 200), ("grpc.max_reconnect_backoff_ms", 1000)]
 
@@ -31,3 +36,14 @@ def is_transient(err: BaseException) -> bool:
 def unavailable(service: str, err: grpc.RpcError) -> ServiceUnavailable:
     details = err.details() if hasattr(err, "details") else ""
     return ServiceUnavailable(f"{service} {err.code().name}: {details}")
+
+
+def outage_aware(service: str, fn: Callable[[], T]) -> T:
+    """`fn()`, with a `TRANSIENT_CODES` failure raised as `ServiceUnavailable` (what a
+    `cascade.resilience.Dependency` retries); any other failure as it is."""
+    try:
+        return fn()
+    except grpc.RpcError as err:
+        if is_transient(err):
+            raise unavailable(service, err) from err
+        raise

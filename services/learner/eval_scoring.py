@@ -16,13 +16,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import grpc
-
 from cascade.config import CascadeConfig
 from cascade.domains import make_domain
 from cascade.domains.base import Domain, Problem, RewardVerdict
 from cascade.resilience import Dependency
-from cascade.transport.channel import ServiceUnavailable, is_transient, open_channel, unavailable
+from cascade.transport.channel import ServiceUnavailable, open_channel, outage_aware
 from cascade.transport.reward_client import RewardClient
 
 SANDBOXED = frozenset({"code", "swe"})
@@ -44,14 +42,9 @@ class ServiceScored:
 
     def score_batch(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[RewardVerdict]:
         def call() -> list[RewardVerdict]:
-            try:
-                return self._client.score(self.name, problems, completions, reward_config=self._reward_config)
-            except grpc.RpcError as err:
-                if is_transient(err):
-                    raise unavailable("reward service", err) from err
-                raise
+            return self._client.score(self.name, problems, completions, reward_config=self._reward_config)
 
-        return self._outage.call(call)
+        return self._outage.call(lambda: outage_aware("reward service", call))
 
 
 class EvalScorers:

@@ -42,7 +42,7 @@ from cascade.model.loading import Policy
 from cascade.resilience import Dependency
 from cascade.rollout import PromptRequest, ScoredChunk
 from cascade.trainer import DistillSamples, TeacherTokens, remote_teacher_tokens
-from cascade.transport.channel import ServiceUnavailable, is_transient, unavailable
+from cascade.transport.channel import ServiceUnavailable, outage_aware
 from cascade.transport.redis_streams import TRANSIENT, StreamGroup, StreamKeys, connect, publish, reset
 from cascade.transport.teacher_client import TeacherClient, TeacherReply
 from services.learner.replicas import RolloutReplicas
@@ -275,12 +275,7 @@ class ServiceTeachers:
         self.log(f"  teacher '{domain}' -> {path.name}")
 
     def _rpc(self, fn: Callable[[], Any]) -> Any:
-        try:
-            return fn()
-        except grpc.RpcError as err:
-            if is_transient(err):
-                raise unavailable("teacher service", err) from err
-            raise
+        return outage_aware("teacher service", fn)
 
     def _logprobs(self, teacher: str, samples: DistillSamples, **kw: Any) -> TeacherReply:
         def call() -> TeacherReply:
