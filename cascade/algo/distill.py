@@ -44,6 +44,21 @@ def _check_temperature(temperature: float) -> None:
         raise ValueError(f"temperature must be > 0, got {temperature}")
 
 
+def _forward_kl(
+    teacher_lp: Tensor, student_lp: Tensor, m: Tensor, t: float, reduce: SumOverRanks | None
+) -> DistillLossOutput:
+    """`T^2 * sum_v p_teacher (log p_teacher - log p_student)` over the last axis, mean over the
+    counted tokens of `m`: the tail shared by the full and top-k losses (their log-probs [B, T, *]
+    differ only in which entries they hold)."""
+    kl = (teacher_lp.exp() * (teacher_lp - student_lp)).sum(dim=-1)  # [B, T]
+    kl_mean = masked_token_mean(kl, m, reduce)
+    total = reduce or (lambda x: x)
+    return DistillLossOutput(
+        loss=kl_mean * t**2,
+        metrics={"kl": float(total(kl_mean.detach()).item()), "n_tokens": float(total(m.sum()).item())},
+    )
+
+
 # --------------------------------------------------------------------------- full
 
 
@@ -79,13 +94,7 @@ def full_distill_loss(inp: FullDistillInput) -> DistillLossOutput:
     t = inp.temperature
     student_lp = F.log_softmax(keep(inp.student_logits, m3) / t, dim=-1)  # [B, T, V]
     teacher_lp = F.log_softmax(keep(inp.teacher_logits.detach(), m3) / t, dim=-1)  # [B, T, V]
-    kl = (teacher_lp.exp() * (teacher_lp - student_lp)).sum(dim=-1)  # [B, T]
-    kl_mean = masked_token_mean(kl, m, inp.reduce)
-    total = inp.reduce or (lambda x: x)
-    return DistillLossOutput(
-        loss=kl_mean * t**2,
-        metrics={"kl": float(total(kl_mean.detach()).item()), "n_tokens": float(total(m.sum()).item())},
-    )
+    return _forward_kl(teacher_lp, student_lp, m, t, inp.reduce)
 
 
 # --------------------------------------------------------------------------- top-k
@@ -137,13 +146,7 @@ def topk_distill_loss(inp: TopkDistillInput) -> DistillLossOutput:
         raise ValueError(f"teacher_topk_ids out of range for vocabulary size {vocab}")
     student_lp = F.log_softmax(keep(inp.student_logits, m3) / t, dim=-1).gather(-1, ids)  # [B, T, k]
     teacher_hat = F.log_softmax(keep(inp.teacher_topk_logprobs.detach(), m3) / t, dim=-1)  # [B, T, k]
-    kl = (teacher_hat.exp() * (teacher_hat - student_lp)).sum(dim=-1)  # [B, T]
-    kl_mean = masked_token_mean(kl, m, inp.reduce)
-    total = inp.reduce or (lambda x: x)
-    return DistillLossOutput(
-        loss=kl_mean * t**2,
-        metrics={"kl": float(total(kl_mean.detach()).item()), "n_tokens": float(total(m.sum()).item())},
-    )
+    return _forward_kl(teacher_hat, student_lp, m, t, inp.reduce)
 
 
 # --------------------------------------------------------------------------- sampled (MOPD)
