@@ -9,12 +9,12 @@ TINY_AGENT := models/tiny-agent
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: vllm-env install demo demo-full ablation ablation-agent test lint services sandbox chromium clean bench-trl
+.PHONY: vllm-env install demo demo-full ablation ablation-agent test lint docs services sandbox chromium clean bench-trl
 
 $(STAMP): pyproject.toml $(shell find proto -name '*.proto')
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,tracking]'
+	$(PY) -m pip install --quiet -e '.[dev,tracking,docs]'
 	# The tests' IFEval reference (lm-eval), with the venv's torch as a constraint (never another build).
 	$(PY) -c "import torch; print('torch==' + torch.__version__.split('+')[0])" > $(VENV)/torch-pin.txt
 	$(PY) -m pip install --quiet -c $(VENV)/torch-pin.txt -e '.[ifeval-ref]'
@@ -80,7 +80,7 @@ chromium:
 	bash scripts/ensure-chromium.sh
 
 # Docker (daemon + compose v2 plugin), the local base image, every service image's CPU variant,
-# and the CPU profile of the compose stack on this host (deploy/README.md, "CPU profile"). The
+# and the CPU profile of the compose stack on this host (docs/deployment.md, "CPU profile"). The
 # container drill (tests/e2e/test_container_drill.py) builds the images itself.
 COMPOSE_CPU := docker compose -f deploy/docker-compose.yml -f deploy/docker-compose.cpu.yml
 
@@ -108,11 +108,17 @@ test-containers: install services sandbox $(TINY)/config.json images
 	CASCADE_CONTAINER_DRILL=1 CASCADE_DRILL_PREBUILT=1 CASCADE_REQUIRE_DOCKER=1 \
 		$(VENV)/bin/pytest -q -p no:cacheprovider tests/e2e/test_container_drill.py
 
+# The docs site (docs/, mkdocs.yml) into build/site; strict: a broken link, an unknown anchor or a
+# page missing from the nav fails it (never -q: it hides the warnings strict mode counts).
+docs: install
+	$(VENV)/bin/mkdocs build --strict
+
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy cascade
 	$(VENV)/bin/mypy services/api
 	$(VENV)/bin/mypy services/rollout services/teacher services/learner
+	$(VENV)/bin/mkdocs build --strict
 
 # The vLLM venv and the six CPU images are built side by side (both mostly wait on pip); the
 # container drill then runs on those images (tests/e2e/test_container_drill.py).
@@ -122,6 +128,7 @@ test: install services sandbox chromium docker $(TINY)/config.json
 	$(VENV)/bin/mypy cascade
 	$(VENV)/bin/mypy services/api
 	$(VENV)/bin/mypy services/rollout services/teacher services/learner
+	$(VENV)/bin/mkdocs build --strict
 	CASCADE_CONTAINER_DRILL=1 CASCADE_DRILL_PREBUILT=1 CASCADE_REQUIRE_DOCKER=1 \
 		$(VENV)/bin/pytest -q -p no:cacheprovider
 

@@ -2,9 +2,9 @@
 
 Normalising per group, not per batch, is the point: a hard prompt whose best completion scores
 0.3 still gets a positive advantage for it. The spread is the *sample* standard deviation
-(Bessel-corrected, `correction=1`), which reproduces the worked example of the Nemotron-Cascade
-notes (seed 002): rewards `[1, 1, 0, 0]` give advantages `+-0.866` (population std would give
-`+-1.0`). A group whose rewards are all equal carries no signal; its advantages are exactly 0.
+(Bessel-corrected, `correction=1`), as in the worked example of docs/algorithm.md: rewards
+`[1, 1, 0, 0]` give advantages `+-0.866` (population std would give `+-1.0`). A group whose
+rewards are all equal carries no signal; its advantages are exactly 0.
 
 A sample whose verifier failed (`infra_error`) has no reward, only a placeholder: with a
 validity mask it takes no part in its group's mean and std and gets advantage 0. Counted at

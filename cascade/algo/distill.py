@@ -1,7 +1,7 @@
 """On-policy distillation losses: keep an earlier domain's skills by matching its best checkpoint.
 
 The student generates; a teacher scores the student's own tokens. Three wire formats, three
-losses (DESIGN.md section 2), all averaged over the counted tokens of `mask` [B, T]:
+losses (docs/algorithm.md, "On-policy distillation"), all averaged over the counted tokens of `mask` [B, T]:
 
 - `full`:    KL(teacher || student) over the whole vocabulary, both at temperature `T`, times
              `T^2` (Hinton's scaling keeps gradient size independent of `T`).

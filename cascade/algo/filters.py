@@ -1,6 +1,6 @@
 """Dynamic filtering: spend rollouts only where they can teach something.
 
-Two levels (DESIGN.md section 2):
+Two levels (docs/algorithm.md, "Dynamic filtering"):
 - batch: a group whose rewards are all equal has zero advantages and no gradient; drop it.
 - epoch: a prompt the policy always (or never) solves wastes a whole group each time it is
   drawn. `PromptPassRateFilter` tracks each prompt's running mean reward and stops sampling

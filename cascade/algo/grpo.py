@@ -1,6 +1,6 @@
 """The GRPO policy loss as Nemotron-Cascade uses it: per-token PPO clip, group-level token mean.
 
-Why each choice (DESIGN.md section 2):
+Why each choice (docs/algorithm.md, "The GRPO loss"):
 - The importance ratio is per token, `pi_theta / pi_old`, computed in log space from the
   log-probs the rollout engine returned. Without engine log-probs (`old_logprobs=None`) the
   batch is strictly on-policy: the ratio is `exp(logp - logp.detach())`, worth exactly 1 but
