@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Make sure a Docker daemon and the Compose v2 CLI plugin are here, for the container drill
-# (tests/deploy/test_container_drill.py) and `make images` / `make stack-up`.
+# (tests/e2e/test_container_drill.py) and `make images` / `make stack-up`.
 #
 # - daemon: Debian's docker.io (apt), started as
 #     dockerd --iptables=false --ip6tables=false --bridge=none --storage-driver=overlay2

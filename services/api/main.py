@@ -23,7 +23,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--config",
         default=env.get("CASCADE_API_CONFIG"),
-        help="settings YAML: database_url, tokens (env CASCADE_API_CONFIG); see services/api/README.md",
+        help="settings YAML: database_url, tokens (env CASCADE_API_CONFIG); see docs/control-plane.md",
     )
     p.add_argument(
         "--db",

@@ -2,7 +2,7 @@
 
 Arguments are parsed before gRPC, Celery and the verifiers are imported, so `--help` and bad
 flags answer at once. Workers are separate processes:
-`celery -A services.reward.tasks worker --concurrency N` (see services/reward/README.md).
+`celery -A services.reward.tasks worker --concurrency N` (see docs/services/reward.md).
 """
 
 from __future__ import annotations

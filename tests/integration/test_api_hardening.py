@@ -324,7 +324,7 @@ def test_cli_delete(
 def test_settings_file_example_with_an_optional_token(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The README's api.yaml: the optional read token's variable unset -> the API starts without
+    """docs/control-plane.md's api.yaml: the optional read token's variable unset -> the API starts without
     it (and says so); a required one unset is still an error naming what to do."""
     from services.api.settings import SettingsError, TokenTable, load_settings
 
