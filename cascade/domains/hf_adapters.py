@@ -291,9 +291,12 @@ def _bfcl(row: Row, source: HfPrompts) -> Converted:
 
 
 def _ifeval(row: Row, source: HfPrompts) -> Converted:
-    from cascade.domains.hf_ifeval import rules_for
+    from cascade.domains.hf_ifeval import UnusableRow, rules_for
 
-    rules = rules_for(list(row["instruction_id_list"]), list(row["kwargs"]), source.unknown_instructions)
+    try:
+        rules = rules_for(list(row["instruction_id_list"]), list(row["kwargs"]), source.unknown_instructions)
+    except UnusableRow as err:
+        raise Unconvertible(str(err)) from None
     meta = {"rules": rules, "instruction_id_list": list(row["instruction_id_list"])}
     return Converted(str(row["prompt"]), "", meta, _optional_id(row, "key", "ifeval-"))
 

@@ -16,12 +16,16 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from cascade.domains.hf_adapters import Unconvertible
 from cascade.domains.if_rules import REGISTRY, rule_from_json, words
 
 
 class UnknownInstruction(ValueError):
     """An IFEval instruction id with no registered rule."""
+
+
+class UnusableRow(ValueError):
+    """A row our rules cannot express (the `ifeval` adapter makes it `Unconvertible`: skipped
+    and counted by the loader)."""
 
 
 Kwargs = Mapping[str, Any]
@@ -122,10 +126,10 @@ def rules_for(
     instruction_ids: list[Any], kwargs_list: list[Any], unknown: str = "error"
 ) -> list[dict[str, Any]]:
     """The rules (as stored in meta) for one IFEval row. An unmapped id raises
-    `UnknownInstruction` (`unknown="error"`) or `Unconvertible` (`"skip"`); kwargs a rule
-    rejects make the row `Unconvertible`."""
+    `UnknownInstruction` (`unknown="error"`) or `UnusableRow` (`"skip"`); kwargs a rule
+    rejects make the row `UnusableRow`."""
     if len(kwargs_list) != len(instruction_ids):
-        raise Unconvertible(f"{len(instruction_ids)} instruction ids but {len(kwargs_list)} kwargs")
+        raise UnusableRow(f"{len(instruction_ids)} instruction ids but {len(kwargs_list)} kwargs")
     rules: list[dict[str, Any]] = []
     for instruction, kwargs in zip(instruction_ids, kwargs_list, strict=True):
         build = IFEVAL_RULES.get(str(instruction))
@@ -134,14 +138,14 @@ def rules_for(
                 f"unknown IFEval instruction id {instruction!r}: no registered rule maps it "
                 f"(set `unknown_instructions: skip` to drop such rows)"
             )
-            raise UnknownInstruction(message) if unknown == "error" else Unconvertible(message)
+            raise UnknownInstruction(message) if unknown == "error" else UnusableRow(message)
         given = {k: v for k, v in dict(kwargs or {}).items() if v is not None}
         try:
             for name, params in build(given):
                 assert name in REGISTRY, name
                 rules.append(rule_from_json({"name": name, "params": params}).to_json())
         except (KeyError, ValueError, TypeError) as err:
-            raise Unconvertible(f"{instruction}: bad kwargs {given}: {err}") from None
+            raise UnusableRow(f"{instruction}: bad kwargs {given}: {err}") from None
     if not rules:
-        raise Unconvertible("no instructions")
+        raise UnusableRow("no instructions")
     return rules

@@ -21,7 +21,7 @@ from cascade.config import (
 from cascade.config_hf import HfPrompts
 from cascade.domains import load_problems
 from cascade.domains.hf_adapters import Unconvertible, assert_to_test, last_boxed
-from cascade.domains.hf_ifeval import rules_for
+from cascade.domains.hf_ifeval import UnusableRow, rules_for
 from cascade.domains.hf_source import HfSourceError, load_hf
 from cascade.domains.if_rules import rule_from_json
 
@@ -163,7 +163,7 @@ def test_ifeval_mapping_table() -> None:
         {"name": "sentence_count", "params": {"relation": "at most", "n": 4}},
         {"name": "section_count", "params": {"splitter": "Section", "n": 3}},
     ]
-    with pytest.raises(Unconvertible, match="bad kwargs"):
+    with pytest.raises(UnusableRow, match="bad kwargs"):
         rules_for(["keywords:existence"], [{"keywords": ["two words"]}])
 
 
