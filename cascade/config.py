@@ -200,6 +200,12 @@ class AgentReward(StrictModel):
     """Longer final responses get `output_limit` unread (`cascade.domains.length_bound`)."""
     max_turns: int = Field(8, ge=1)
     """Model turns in an episode (the turn loop stops there; a longer transcript is not paid)."""
+    reuse_kv: bool = True
+    """The HF engine (embedded or the rollout service) keeps each round's keys/values and the
+    next round prefills only the ids it has not processed (the environment's answer), instead
+    of the episode's whole context; the same decisions in both modes, so they stay equal on a
+    seed (`cascade.engine.prefix_kv`). Later rounds' log-probs then differ from a full prefill's
+    at float rounding. vLLM reuses by its prefix caching either way."""
     max_calls_per_turn: int = Field(4, ge=1)
     max_calls_per_episode: int = Field(12, ge=1)
     max_repeated_calls: int = Field(2, ge=1)

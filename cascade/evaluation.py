@@ -145,6 +145,7 @@ def _completions(
         thinking=thinking,
         max_turns=setup.max_turns,
         round_seed=lambda r: None if seed is None else request_seed(seed, "turn", r),
+        keep_kv=setup.keep_kv,
     )
     return out.texts, out.stats
 

@@ -23,6 +23,7 @@ from cascade.domains.base import INFRA_ERROR, TRUNCATED, Problem, RewardVerdict
 from cascade.engine.base import SamplingSettings, VersionedGeneration
 from cascade.engine.hf import Generation, generate
 from cascade.engine.hf_engine import sample_request
+from cascade.engine.prefix_kv import DEFAULT_MAX_BYTES, TurnKV, weights_stamp
 from cascade.model.chat import encode_prompts
 from cascade.model.loading import Policy
 from cascade.tools.environment import EpisodeStats
@@ -201,6 +202,7 @@ def generate_and_score(
             thinking=req.thinking,
             max_turns=turns.max_turns,
             round_seed=lambda r: None if seed is None else request_seed(seed, "turn", r),
+            keep_kv=turns.keep_kv,
         )
         gen = Generation(episodes.completion_ids, episodes.logprobs, episodes.finish_reasons)
         version, texts = episodes.version, episodes.texts
@@ -315,7 +317,9 @@ def apply_overlong(
 class PolicyGenerate:
     """The policy in this process as a `GenerateFn`, through the HF engine's sampling path
     (`sample_request`): a request with a seed samples from a generator seeded with it (the
-    same tokens as the rollout service's HF engine), one without from `generator`."""
+    same tokens as the rollout service's HF engine), one without from `generator`. Multi-turn
+    rounds keep and reuse their keys/values in `turns` as the HF engine does (the same default
+    bound; `cascade.engine.prefix_kv`)."""
 
     def __init__(
         self,
@@ -323,22 +327,27 @@ class PolicyGenerate:
         *,
         generator: torch.Generator | None = None,
         version: Callable[[], int] = lambda: 0,
+        turn_kv_bytes: int = DEFAULT_MAX_BYTES,
     ) -> None:
         self.policy = policy
         self.generator = generator
         self.version = version
+        self.turns = TurnKV(turn_kv_bytes)
 
     def __call__(self, prompts: list[list[int]], n: int, sampling: SamplingSettings) -> VersionedGeneration:
+        model, version = self.policy.model, self.version()
         out = sample_request(
-            self.policy.model,
+            model,
             prompts,
             n,
             sampling,
             eos_ids=self.policy.eos_token_ids,
             pad_id=self.policy.pad_token_id,
             generator=self.generator,
+            turns=self.turns,
+            stamp=(version, *weights_stamp(model)),
         )
-        return VersionedGeneration(generation=out, version=self.version(), n=n)
+        return VersionedGeneration(generation=out, version=version, n=n)
 
 
 def sample_completions(

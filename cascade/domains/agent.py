@@ -331,6 +331,8 @@ class TurnSetup:
     environments: list[ToolEnvironment | None]
     """One per episode; None: a one-turn problem (a function-call row)."""
     max_turns: int
+    keep_kv: bool = False
+    """Reuse the engine's keys/values between rounds (`AgentReward.reuse_kv`)."""
 
 
 @functools.lru_cache(maxsize=8)
@@ -345,7 +347,7 @@ def turn_setup(problems: Sequence[Problem], reward_config: dict[str, Any] | None
     envs = [domain.environment(p) if p.meta.get("task") == "store" else None for p in problems]
     if not any(e is not None for e in envs):
         return None
-    return TurnSetup(domain.format, envs, domain.config.max_turns)
+    return TurnSetup(domain.format, envs, domain.config.max_turns, domain.config.reuse_kv)
 
 
 def prompt_tools(problem: Problem) -> list[dict[str, Any]] | None:

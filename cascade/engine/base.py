@@ -28,6 +28,26 @@ class WeightUpdateError(ValueError):
 
 
 @dataclass(frozen=True)
+class TurnStep:
+    """Which round of which multi-turn rollout a request is (`cascade.tools.turn_loop`), so that
+    the HF engine can keep the keys/values it computed and reuse them in the next round
+    (`cascade.engine.prefix_kv.TurnKV`). Engines that cannot (vLLM: prefix caching instead)
+    ignore it; it never changes what round 0 computes.
+
+    `caller` names who runs the turn loop (host, process, thread): an engine keeps at most one
+    rollout per caller, and the caller's next rollout replaces it. `rollout` names this turn-loop
+    call. Round 0 is the request itself (`n` completions per prompt; its rows are episodes
+    0..len(prompts) * n - 1, prompt-major); round r >= 1 has one completion per prompt, and
+    prompt i continues episode `episodes[i]`: its context is that episode's context of round
+    r - 1, the tokens generated for it, and what the environment appended."""
+
+    caller: str
+    rollout: str
+    round: int
+    episodes: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
 class SamplingSettings:
     max_tokens: int
     temperature: float = 1.0
@@ -35,6 +55,8 @@ class SamplingSettings:
     greedy: bool = False
     seed: int | None = None
     """Same seed, prompts and weights: same completions (per engine; engines differ)."""
+    turn: TurnStep | None = None
+    """A round of a multi-turn rollout (None: a request on its own)."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +123,8 @@ def check_generate_request(
         raise EngineRequestError(f"temperature: must be > 0 (got {sampling.temperature})")
     if not 0 < sampling.top_p <= 1:
         raise EngineRequestError(f"top_p: must be in (0, 1] (got {sampling.top_p})")
+    if sampling.turn is not None:
+        check_turn_step(sampling.turn, len(prompts), n)
     for i, ids in enumerate(prompts):
         if not ids:
             raise EngineRequestError(f"prompts[{i}]: empty prompt (at least one token)")
@@ -114,6 +138,25 @@ def check_generate_request(
                 f"prompts[{i}]: {len(ids)} prompt tokens + max_tokens {sampling.max_tokens} "
                 f"exceed the model's context of {info.max_context} tokens"
             )
+
+
+def check_turn_step(turn: TurnStep, prompts: int, n: int) -> None:
+    if not turn.caller or not turn.rollout:
+        raise EngineRequestError("turn: caller and rollout must be named")
+    if turn.round < 0:
+        raise EngineRequestError(f"turn.round: must be at least 0 (got {turn.round})")
+    if turn.round == 0:
+        if turn.episodes:
+            raise EngineRequestError("turn.episodes: round 0's episodes are its rows (give none)")
+        return
+    if n != 1:
+        raise EngineRequestError(
+            f"turn: round {turn.round} continues episodes one by one (group_size 1, got {n})"
+        )
+    if len(turn.episodes) != prompts:
+        raise EngineRequestError(f"turn.episodes: {len(turn.episodes)} for {prompts} prompts (one each)")
+    if len(set(turn.episodes)) != len(turn.episodes) or min(turn.episodes) < 0:
+        raise EngineRequestError("turn.episodes: each episode at most once, none negative")
 
 
 def next_version(current: int, requested: int | None) -> int:

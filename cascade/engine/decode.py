@@ -11,7 +11,9 @@ matmuls and an additive padding mask. Numbers agree with the HF forward to float
 (tests compare both, and the learner's log-probs, on every supported architecture).
 
 Both steppers here (`StaticDecoder`, `HFStepper` for any other model) also drop finished rows
-(`keep`), so the stragglers of a batch whose completions mostly stopped early decode alone.
+(`keep`), so the stragglers of a batch whose completions mostly stopped early decode alone,
+and hand out the keys/values of chosen rows (`kv`: what a multi-turn round keeps for the next,
+`cascade.engine.prefix_kv`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,11 @@ class Stepper(Protocol):
 
     def keep(self, idx: Tensor) -> None:
         """Keep only rows `idx` (indices into the current rows, ascending)."""
+        ...
+
+    def kv(self, idx: Tensor, columns: int) -> list[tuple[Tensor, Tensor]]:
+        """Per layer, the keys and values [len(idx), kv_heads, columns, head_dim] of rows `idx`
+        (indices into the current rows) in the cache's first `columns` columns (copies)."""
         ...
 
 
@@ -100,6 +107,12 @@ class StaticDecoder:
         self.bias = torch.zeros((batch, columns), dtype=dtype, device=device)  # 0 or -inf per key
         self.bias[:, : self.prompt_len].masked_fill_(attn == 0, float("-inf"))
 
+    def kv(self, idx: Tensor, columns: int) -> list[tuple[Tensor, Tensor]]:
+        return [
+            (k.index_select(0, idx)[..., :columns].transpose(-1, -2), v.index_select(0, idx)[:, :, :columns])
+            for k, v in zip(self.keys_t, self.values, strict=True)
+        ]
+
     def keep(self, idx: Tensor) -> None:
         self.keys_t = [k.index_select(0, idx) for k in self.keys_t]
         self.values = [v.index_select(0, idx) for v in self.values]
@@ -151,6 +164,14 @@ class HFStepper:
         ones = torch.ones((attn.shape[0], steps), dtype=attn.dtype, device=attn.device)
         self.mask = torch.cat([attn, ones], dim=1)
         self.next_pos = next_pos
+
+    def kv(self, idx: Tensor, columns: int) -> list[tuple[Tensor, Tensor]]:
+        out = []
+        for layer in self.cache.layers:
+            k, v = getattr(layer, "keys", None), getattr(layer, "values", None)
+            assert isinstance(k, Tensor) and isinstance(v, Tensor)
+            out.append((k.index_select(0, idx)[:, :, :columns], v.index_select(0, idx)[:, :, :columns]))
+        return out
 
     def keep(self, idx: Tensor) -> None:
         self.cache.batch_select_indices(idx)

@@ -13,6 +13,11 @@ Two ways to switch weights (`swap` picks one):
 
 Either way the incoming tensors are fully read and checked first (`cascade.engine.weights`),
 so a refused update changes nothing.
+
+Multi-turn rollouts: a request that is a round of one (`SamplingSettings.turn`) keeps its
+keys/values in the engine's `TurnKV` (at most `turn_kv_bytes`, dropped at every weight switch)
+and a later round reuses them (`cascade.engine.prefix_kv`: the rule, and why it is the same in
+the embedded run).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from __future__ import annotations
 import copy
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Hashable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -37,7 +42,8 @@ from cascade.engine.base import (
     check_generate_request,
     next_version,
 )
-from cascade.engine.hf import Generation, generate
+from cascade.engine.hf import Generation, generate_kv
+from cascade.engine.prefix_kv import DEFAULT_MAX_BYTES, TurnKV, weights_stamp
 from cascade.engine.sampling import request_generator
 from cascade.engine.weights import (
     check_config,
@@ -51,7 +57,15 @@ from cascade.model.loading import Policy, load_policy
 
 
 class HFEngine:
-    def __init__(self, policy: Policy, *, model_dir: str | Path, version: int = 0, swap: bool = True) -> None:
+    def __init__(
+        self,
+        policy: Policy,
+        *,
+        model_dir: str | Path,
+        version: int = 0,
+        swap: bool = True,
+        turn_kv_bytes: int = DEFAULT_MAX_BYTES,
+    ) -> None:
         model = policy.model
         model.eval()
         for p in model.parameters():
@@ -72,6 +86,7 @@ class HFEngine:
         self._cond = threading.Condition()
         self._active = 0
         self._draining = False
+        self.turns = TurnKV(turn_kv_bytes)
 
     @classmethod
     def from_dir(
@@ -82,8 +97,10 @@ class HFEngine:
         device: str = "cpu",
         version: int = 0,
         swap: bool = True,
+        turn_kv_bytes: int = DEFAULT_MAX_BYTES,
     ) -> HFEngine:
-        return cls(load_policy(path, dtype=dtype, device=device), model_dir=path, version=version, swap=swap)
+        policy = load_policy(path, dtype=dtype, device=device)
+        return cls(policy, model_dir=path, version=version, swap=swap, turn_kv_bytes=turn_kv_bytes)
 
     @property
     def info(self) -> EngineInfo:
@@ -116,7 +133,14 @@ class HFEngine:
         check_generate_request(self._info, prompts, n, sampling)
         with self._acquire() as (model, version):
             gen = sample_request(
-                model, prompts, n, sampling, eos_ids=self._info.eos_token_ids, pad_id=self._info.pad_token_id
+                model,
+                prompts,
+                n,
+                sampling,
+                eos_ids=self._info.eos_token_ids,
+                pad_id=self._info.pad_token_id,
+                turns=self.turns,
+                stamp=(version, *weights_stamp(model)),
             )
         return VersionedGeneration(generation=gen, version=version, n=n)
 
@@ -152,6 +176,7 @@ class HFEngine:
                     finally:
                         self._draining = False
                         self._cond.notify_all()
+            self.turns.clear()
         return WeightUpdate(new_version, time.perf_counter() - start, nbytes, source)
 
     def close(self) -> None:
@@ -167,16 +192,29 @@ def sample_request(
     eos_ids: list[int],
     pad_id: int,
     generator: torch.Generator | None = None,
+    turns: TurnKV | None = None,
+    stamp: Hashable = None,
 ) -> Generation:
     """`n` completions of every prompt (prompt-major): the one sampling path of the HF engine
     and of the policy in the learner's process (`cascade.rollout.PolicyGenerate`), so the two
     give the same tokens for the same seed. A request with a seed samples from
-    `request_generator(seed)`, one without from `generator` (any device)."""
+    `request_generator(seed)`, one without from `generator` (any device).
+
+    A round of a multi-turn rollout (`sampling.turn`) keeps its keys/values in `turns` (under
+    `stamp`: the weights they were computed with) and, from round 1, reuses those of the
+    previous round when `turns` holds all of them (`cascade.engine.prefix_kv`); without `turns`,
+    or with reuse off, it is computed as a request on its own."""
     if sampling.seed is not None:
         generator = request_generator(sampling.seed)
-    return generate(
+    rows = [ids for ids in prompts for _ in range(n)]
+    turn = sampling.turn
+    store = turns if turn is not None and turns is not None and turns.enabled else None
+    prefixes = (
+        store.take(turn, stamp, rows) if store is not None and turn is not None and turn.round else None
+    )
+    gen, kept = generate_kv(
         model,
-        [ids for ids in prompts for _ in range(n)],
+        rows,
         max_new_tokens=sampling.max_tokens,
         eos_ids=eos_ids,
         pad_id=pad_id,
@@ -184,7 +222,12 @@ def sample_request(
         top_p=sampling.top_p,
         greedy=sampling.greedy,
         generator=None if sampling.greedy else generator,
+        prefixes=prefixes,
+        keep=store is not None,
     )
+    if store is not None and turn is not None:
+        store.keep(turn, stamp, kept)
+    return gen
 
 
 def _load(model: PreTrainedModel, tensors: Mapping[str, torch.Tensor], source: str) -> None:

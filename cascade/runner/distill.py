@@ -99,6 +99,7 @@ def student_samples(
         thinking=job.thinking,
         max_turns=setup.max_turns,
         round_seed=lambda r: None if seed is None else request_seed(seed, "turn", r),
+        keep_kv=setup.keep_kv,
     )
     rows = len(episodes.layouts)
     prefix = f"distill_{job.teacher}_"

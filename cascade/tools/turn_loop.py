@@ -20,20 +20,29 @@ An episode ends at a turn without calls (`stop`), a turn cut by the token budget
 the budget for another turn (`length`; the text is then not appended). The budget counts every
 completion token, the model's and the environment's.
 
-The engine is asked for the whole context each round (vLLM with prefix caching reuses the
-cached blocks of the context it has seen; the HF engine prefills it again: its prefix cache,
-`cascade.engine.prefix_kv`, is not yet wired into `generate`, so both of its paths, the learner's
-`PolicyGenerate` and the rollout service's `HFEngine`, take the same decision, none).
+The engine is asked for the whole context each round, and with `keep_kv` each request says
+which round of which rollout it is (`TurnStep`: this loop's caller and a fresh rollout id, the
+round, the episode each row continues). vLLM reuses the cached blocks of a context it has seen
+either way (prefix caching). The HF engine, in both of its paths (the learner's `PolicyGenerate`
+and the rollout service's `HFEngine`), keeps each round's keys/values and prefills only the
+ids it has not processed in the next round (`cascade.engine.prefix_kv`): a decision made from
+the request and the round alone, so the embedded and the distributed runs take the same ones
+and stay equal on a seed. Round 0 is computed exactly as a single-turn request; later rounds
+agree with a full prefill to float rounding.
 """
 
 from __future__ import annotations
 
+import os
+import socket
+import threading
+import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from cascade.algo.turn_mask import TurnLayout
-from cascade.engine.base import SamplingSettings, VersionedGeneration
+from cascade.engine.base import SamplingSettings, TurnStep, VersionedGeneration
 from cascade.tools.builtin import ToolUnavailable
 from cascade.tools.environment import MALFORMED_KINDS, EpisodeStats, ToolEnvironment, episode_metrics
 from cascade.tools.template import ToolFormat
@@ -123,6 +132,11 @@ def env_ids(
     return ids, fmt.env_text(responses, thinking)
 
 
+def turn_caller() -> str:
+    """Who runs a turn loop (host, process, thread): an engine keeps one rollout per caller."""
+    return f"{socket.gethostname()}/{os.getpid()}/{threading.get_ident()}"
+
+
 def run_turns(
     prompts: list[list[int]],
     n: int,
@@ -136,38 +150,44 @@ def run_turns(
     thinking: bool,
     max_turns: int,
     round_seed: RoundSeed,
+    keep_kv: bool = False,
 ) -> TurnRollout:
-    """`n` episodes of each prompt; `environments[i]` serves episode i (None: one turn only)."""
+    """`n` episodes of each prompt; `environments[i]` serves episode i (None: one turn only).
+    `keep_kv`: name each round (`TurnStep`) so the engine reuses the keys/values of the
+    context it already processed (the agent domain's `reuse_kv`)."""
     if len(environments) != len(prompts) * n:
         raise ValueError(f"{len(environments)} environments for {len(prompts)} prompts x {n}")
     budget = sampling.max_tokens
     episodes = [_Episode(list(prompts[i // n]), env) for i, env in enumerate(environments)]
     rules = _Rules(budget, fmt, thinking, encode, decode, max_turns)
+    name = (turn_caller(), uuid.uuid4().hex) if keep_kv else None
     versions: list[int] = []
     rounds = 0
     while True:
-        live = [e for e in episodes if e.finish is None]
+        live = [i for i, e in enumerate(episodes) if e.finish is None]
         if not live:
             break
         if rounds == 0:
-            result = generate_fn(prompts, n, sampling)
+            turn = None if name is None else TurnStep(*name, 0)
+            result = generate_fn(prompts, n, replace(sampling, turn=turn))
         else:
-            room = max(budget - e.n_tokens for e in live)
+            room = max(budget - episodes[i].n_tokens for i in live)
             settings = SamplingSettings(
                 max_tokens=room,
                 temperature=sampling.temperature,
                 top_p=sampling.top_p,
                 greedy=sampling.greedy,
                 seed=round_seed(rounds),
+                turn=None if name is None else TurnStep(*name, rounds, tuple(live)),
             )
-            result = generate_fn([e.context() for e in live], 1, settings)
+            result = generate_fn([episodes[i].context() for i in live], 1, settings)
         versions.append(result.version)
         gen = result.generation
         texts = decode(gen.completion_ids)
-        for e, ids, lps, reason, text in zip(
+        for i, ids, lps, reason, text in zip(
             live, gen.completion_ids, gen.logprobs, gen.finish_reasons, texts, strict=True
         ):
-            _take_turn(e, list(ids), list(lps), reason, text, rules)
+            _take_turn(episodes[i], list(ids), list(lps), reason, text, rules)
         rounds += 1
     layouts: list[TurnLayout] = []
     rows: list[list[int]] = []

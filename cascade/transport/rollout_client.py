@@ -101,6 +101,11 @@ def generate_request(
     request = pb.GenerateRequest(
         group_size=group_size, sampling=settings, max_tokens=sampling.max_tokens, thinking=thinking
     )
+    if sampling.turn is not None:
+        t = sampling.turn
+        request.turn.CopyFrom(
+            pb.TurnStep(caller=t.caller, rollout=t.rollout, round=t.round, episodes=t.episodes)
+        )
     for prompt in prompts:
         if prompt and isinstance(prompt[0], Mapping):
             messages = [pb.ChatMessage(role=m["role"], content=m["content"]) for m in prompt]  # type: ignore[index]

@@ -11,13 +11,19 @@ made by older weights than the request expects is never used: `ReplicaPool.gener
 another replica (or waits) instead, so no chunk is labelled with a version its weights were not.
 A newer version than expected is fine (fresher weights; the learner's staleness check uses the
 version the reply reports).
+
+The rounds of a multi-turn rollout (`SamplingSettings.turn`) go to the replica that served the
+rollout's previous round while it can serve (`TurnRoutes`): that replica holds the keys/values
+the round reuses (`cascade.engine.prefix_kv`); another one would prefill the whole context.
 """
 
 from __future__ import annotations
 
 import logging
 import socket
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -99,6 +105,40 @@ class Addresses:
         return ", ".join(parts)
 
 
+class TurnRoutes:
+    """The replica that served each multi-turn rollout's last round (the latest `size`)."""
+
+    def __init__(self, size: int = 1024) -> None:
+        self.size = size
+        self._routes: OrderedDict[tuple[str, str], str] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def preferred(self, sampling: SamplingSettings) -> str | None:
+        turn = sampling.turn
+        if turn is None or turn.round == 0:
+            return None
+        with self._lock:
+            return self._routes.get((turn.caller, turn.rollout))
+
+    def served(self, sampling: SamplingSettings, address: str) -> None:
+        turn = sampling.turn
+        if turn is None:
+            return
+        with self._lock:
+            key = (turn.caller, turn.rollout)
+            self._routes.pop(key, None)
+            self._routes[key] = address
+            while len(self._routes) > self.size:
+                self._routes.popitem(last=False)
+
+
+def first(order: Sequence[str], preferred: str | None) -> list[str]:
+    """`order` with `preferred` first when it is in it."""
+    if preferred is None or preferred not in order:
+        return list(order)
+    return [preferred, *(a for a in order if a != preferred)]
+
+
 @dataclass
 class _Replica:
     client: RolloutClient
@@ -138,6 +178,7 @@ class ReplicaPool:
         self._refreshed = -float("inf")
         self.last_address = ""
         self.stale_replies = 0
+        self.routes = TurnRoutes()
 
     def _refresh(self, force: bool = False) -> list[str]:
         now = self.clock()
@@ -164,10 +205,11 @@ class ReplicaPool:
     ) -> VersionedGeneration:
         deadline = self.clock() + self.wait_s
         while True:
-            for address in self._order(self._refresh()):
+            for address in first(self._order(self._refresh()), self.routes.preferred(sampling)):
                 result = self._try(address, prompts, n, sampling, min_version)
                 if result is not None:
                     self.last_address = address
+                    self.routes.served(sampling, address)
                     return result
             if self.clock() >= deadline:
                 raise NoReplicaReady(

@@ -40,7 +40,7 @@ import grpc
 from cascade.engine.base import SamplingSettings, VersionedGeneration
 from cascade.resilience import Dependency
 from cascade.transport.rollout_client import RolloutClient
-from cascade.transport.rollout_replicas import REQUEST_ERRORS, Addresses
+from cascade.transport.rollout_replicas import REQUEST_ERRORS, Addresses, TurnRoutes
 
 
 class NoReplicaLeft(ConnectionError):
@@ -87,6 +87,7 @@ class RolloutReplicas:
         """Replicas put back in service after they answered again (each given the weights first)."""
         self._latest: str | None = None  # the checkpoint of `version`, for a replica re-admitted
         self._next = 0
+        self.routes = TurnRoutes()
         self._failures = 0
         self._lock = threading.Lock()
 
@@ -274,10 +275,11 @@ class RolloutReplicas:
     # ------------------------------------------------------------------ unscored generation
 
     def generate(self, prompts: list[list[int]], n: int, sampling: SamplingSettings) -> VersionedGeneration:
-        """From a replica in service (round-robin); one that fails or answers with older weights
-        than the last push is taken out and the next one asked. None in service: replicas out
-        are probed and re-admitted, within the `rollout` outage's bound. The version is the
-        engine's."""
+        """From a replica in service (round-robin; a multi-turn rollout's later rounds from the
+        replica that served its previous round, which holds its keys/values, while it is in
+        service); one that fails or answers with older weights than the last push is taken out
+        and the next one asked. None in service: replicas out are probed and re-admitted, within
+        the `rollout` outage's bound. The version is the engine's."""
         return self.outage.call(lambda: self._generate(prompts, n, sampling))
 
     def _generate(self, prompts: list[list[int]], n: int, sampling: SamplingSettings) -> VersionedGeneration:
@@ -290,9 +292,11 @@ class RolloutReplicas:
             with self._lock:
                 if not self.active:
                     raise NoReplicaLeft(f"no rollout replica in service: {self._out_text()}")
-                names = sorted(self.active)
-                address = names[self._next % len(names)]
-                self._next += 1
+                address = self.routes.preferred(sampling) or ""
+                if address not in self.active:  # round-robin, but a rollout's rounds stay together
+                    names = sorted(self.active)
+                    address = names[self._next % len(names)]
+                    self._next += 1
                 client = self.active[address]
             try:
                 result = client.generate(prompts, group_size=n, sampling=sampling).result
@@ -302,6 +306,7 @@ class RolloutReplicas:
                 why = f"generation failed: {_why(err)}"
             else:
                 if result.version >= self.version:
+                    self.routes.served(sampling, address)
                     return result
                 why = f"answered with version {result.version}, it was given {self.version}"
             with self._lock:

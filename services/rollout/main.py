@@ -42,6 +42,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "(2x weight memory during a switch); drain = wait for calls in flight, load in place "
         "(default: %(default)s; vllm always drains)",
     )
+    p.add_argument(
+        "--turn-kv-mib",
+        type=int,
+        default=None,
+        help="hf engine: MiB of keys/values kept between the rounds of multi-turn rollouts, so a "
+        "later round prefills only what is new (cascade/engine/prefix_kv.py); 0 = off (default: "
+        "1024, the embedded run's, which a distributed run must match to stay equal to it)",
+    )
     p.add_argument("--host", default="0.0.0.0", help="address for gRPC and HTTP (default: %(default)s)")
     p.add_argument("--port", type=int, default=50052, help="gRPC port (default: %(default)s)")
     p.add_argument(
@@ -85,6 +93,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.torch_threads < 0:
         p.error("--torch-threads must be 0 (default) or positive")
+    if args.turn_kv_mib is not None and args.turn_kv_mib < 0:
+        p.error("--turn-kv-mib must be 0 (off) or positive")
     if args.engine == "vllm":
         from pydantic import ValidationError
 
@@ -124,6 +134,7 @@ def build_engine(args: argparse.Namespace) -> Any:
 
         return VLLMEngine(args.model, settings=args.vllm_settings, version=args.version)
     from cascade.engine.hf_engine import HFEngine
+    from cascade.engine.prefix_kv import DEFAULT_MAX_BYTES
 
     return HFEngine.from_dir(
         args.model,
@@ -131,6 +142,7 @@ def build_engine(args: argparse.Namespace) -> Any:
         device=args.device,
         version=args.version,
         swap=args.update_mode == "swap",
+        turn_kv_bytes=DEFAULT_MAX_BYTES if args.turn_kv_mib is None else args.turn_kv_mib << 20,
     )
 
 

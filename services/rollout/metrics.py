@@ -54,6 +54,19 @@ class RolloutMetrics:
             ["source"],
             registry=self.registry,
         )
+        self.turn_rounds = Counter(
+            "cascade_rollout_turn_rounds",
+            "Later rounds of multi-turn rollouts (hf engine): kv=reused prefilled only their new ids "
+            "on the kept keys/values, kv=full prefilled whole contexts (a miss: see "
+            "cascade/engine/prefix_kv.py).",
+            ["kv"],
+            registry=self.registry,
+        )
+        self.turn_kv_bytes = Gauge(
+            "cascade_rollout_turn_kv_bytes",
+            "Keys/values kept between the rounds of multi-turn rollouts (hf engine).",
+            registry=self.registry,
+        )
         self.updates_refused = Counter(
             "cascade_rollout_weight_updates_refused",
             "Weight updates refused (the old weights kept serving).",

@@ -10,7 +10,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from cascade.config import ChatConfig
-from cascade.engine.base import SamplingSettings, WeightUpdateError
+from cascade.engine.base import SamplingSettings, TurnStep, WeightUpdateError
 from cascade.engine.weights import tensor_from_bytes
 from cascade.model.chat import encode_messages
 from cascade_proto.v1 import rollout_pb2 as pb
@@ -50,12 +50,17 @@ def parse_generate(
         raise BadRequest(f"max_tokens: must be at least 1 (got {request.max_tokens})")
     prompt_ids = [_prompt(i, p, tokenizer, chat, request.thinking) for i, p in enumerate(request.prompts)]
     s = request.sampling
+    turn = None
+    if request.HasField("turn"):
+        t = request.turn
+        turn = TurnStep(t.caller, t.rollout, t.round, tuple(t.episodes))
     sampling = SamplingSettings(
         max_tokens=request.max_tokens,
         temperature=s.temperature if s.HasField("temperature") else 1.0,
         top_p=s.top_p if s.HasField("top_p") else 1.0,
         greedy=s.greedy,
         seed=s.seed if s.HasField("seed") else None,
+        turn=turn,
     )
     return GenerateCall(prompt_ids=prompt_ids, n=request.group_size, sampling=sampling)
 

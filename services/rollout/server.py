@@ -15,6 +15,7 @@ from transformers import PreTrainedTokenizerBase
 
 from cascade.config import ChatConfig
 from cascade.engine.base import Engine, EngineRequestError, WeightUpdate, WeightUpdateError
+from cascade.engine.prefix_kv import TurnKV
 from cascade.transport.grpc_server import RpcCall
 from cascade_proto.v1 import rollout_pb2 as pb
 from cascade_proto.v1 import rollout_pb2_grpc as pb_grpc
@@ -44,6 +45,12 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
         self.limits = limits or Limits()
         self._slots = threading.BoundedSemaphore(max_concurrent)
         metrics.policy_version.set(engine.version)
+        turns = getattr(engine, "turns", None)
+        if isinstance(turns, TurnKV):
+            turns.listeners.append(
+                lambda reused: metrics.turn_rounds.labels("reused" if reused else "full").inc()
+            )
+            metrics.turn_kv_bytes.set_function(lambda: turns.nbytes)
 
     def _call(self, context: grpc.ServicerContext, method: str) -> RpcCall:
         return RpcCall(context, self.metrics, method, invalid=INVALID)

@@ -12,7 +12,13 @@ from typing import Any
 import grpc
 import pytest
 
-from cascade.engine.base import SamplingSettings, VersionedGeneration, WeightUpdateError, next_version
+from cascade.engine.base import (
+    SamplingSettings,
+    TurnStep,
+    VersionedGeneration,
+    WeightUpdateError,
+    next_version,
+)
 from cascade.engine.hf import Generation
 from cascade.resilience import Dependency, DependencyDown
 from cascade.transport.rollout_replicas import (
@@ -47,6 +53,7 @@ class FakeReplica:
     generated: int = 0
     pushes: list[int] = field(default_factory=list)
     barrier: threading.Barrier | None = None
+    rounds: list[tuple[str, int]] = field(default_factory=list)  # (rollout, round) of multi-turn requests
 
     def _alive(self) -> None:
         if self.dead:
@@ -69,6 +76,8 @@ class FakeReplica:
     def generate(self, prompts: list[list[int]], *, group_size: int, sampling: SamplingSettings) -> Any:
         self._alive()
         self.generated += 1
+        if sampling.turn is not None:
+            self.rounds.append((sampling.turn.rollout, sampling.turn.round))
         gen = Generation(completion_ids=[[1]], logprobs=[[0.0]], finish_reasons=["stop"])
         return type("Reply", (), {"result": VersionedGeneration(gen, self.version, group_size)})()
 
@@ -357,3 +366,40 @@ def test_a_bad_request_is_not_retried_elsewhere() -> None:
     cluster.replicas["a"].generate = refuse  # type: ignore[method-assign]
     with pytest.raises(grpc.RpcError):
         pool(cluster, ["a"]).generate([[1]], 1, SAMPLING, min_version=0)
+
+
+# ---------------------------------------------------------------------- multi-turn rollouts
+
+
+def _round(rollout: str, r: int) -> SamplingSettings:
+    return SamplingSettings(max_tokens=2, seed=1, turn=TurnStep("w", rollout, r, (0,) if r else ()))
+
+
+def test_a_rollouts_rounds_go_to_the_replica_that_served_its_last_round() -> None:
+    """That replica holds the keys/values the round reuses; round 0 and other requests spread."""
+    cluster = Cluster(a=FakeReplica(version=3), b=FakeReplica(version=3), c=FakeReplica(version=3))
+    p = pool(cluster, ["a", "b", "c"])
+    for r in range(3):  # two rollouts interleaved, with a request on its own between
+        for rollout in ("x", "y"):
+            p.generate([[1]], 1, _round(rollout, r), min_version=3)
+        p.generate([[1]], 1, SAMPLING, min_version=3)
+    seen = {name: rep.rounds for name, rep in cluster.replicas.items()}
+    assert seen["a"] == [("x", 0), ("x", 1), ("x", 2)] and seen["b"] == [("y", 0), ("y", 1), ("y", 2)]
+    assert cluster.replicas["c"].generated == 3  # the spread goes on around them
+    cluster.replicas["a"].dead = True  # x's replica fails: its next round goes elsewhere, and stays
+    p.generate([[1]], 1, _round("x", 3), min_version=3)
+    p.generate([[1]], 1, _round("x", 4), min_version=3)
+    moved = [name for name, rep in cluster.replicas.items() if ("x", 3) in rep.rounds]
+    assert len(moved) == 1 and moved[0] != "a" and ("x", 4) in cluster.replicas[moved[0]].rounds
+
+
+def test_the_learners_rounds_stay_on_one_replica_too() -> None:
+    cluster = Cluster(a=FakeReplica(), b=FakeReplica())
+    r, _, _ = learner(cluster, Addresses(["a", "b"]))
+    r.attach(0)
+    r.push("/w/0", 0)
+    for k in range(3):
+        r.generate([[1]], 1, _round("x", k))
+        r.generate([[1]], 1, SAMPLING)
+    rounds = [rep.rounds for rep in cluster.replicas.values()]
+    assert sorted(rounds) == [[], [("x", 0), ("x", 1), ("x", 2)]]
