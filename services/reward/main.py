@@ -11,7 +11,8 @@ import argparse
 import logging
 import os
 import sys
-import threading
+
+from services.entry import add_serving_arguments, run_service, serve_grpc, start_metrics_port
 
 log = logging.getLogger("cascade.reward")
 
@@ -19,16 +20,7 @@ log = logging.getLogger("cascade.reward")
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     env = os.environ
     p = argparse.ArgumentParser(prog="cascade-reward", description=__doc__.splitlines()[0])
-    p.add_argument(
-        "--host", default="0.0.0.0", help="address to bind gRPC and HTTP on (default: %(default)s)"
-    )
-    p.add_argument("--port", type=int, default=50051, help="gRPC port (default: %(default)s)")
-    p.add_argument(
-        "--metrics-port",
-        type=int,
-        default=9100,
-        help="HTTP port for /metrics and /health (default: %(default)s)",
-    )
+    add_serving_arguments(p, port=50051, metrics_port=9100, rpc_threads=32)
     p.add_argument(
         "--broker-url",
         default=env.get("CASCADE_REWARD_BROKER_URL", "redis://127.0.0.1:6379/0"),
@@ -56,9 +48,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--max-items", type=int, default=4096, help="largest batch accepted (default: %(default)s)"
     )
     p.add_argument(
-        "--rpc-threads", type=int, default=32, help="concurrent RPCs served (default: %(default)s)"
-    )
-    p.add_argument(
         "--local-workers",
         type=int,
         default=None,
@@ -72,7 +61,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="one item's scoring time in a local process before it is stopped and judged `timeout` "
         "(math: its reward's timeout_s + 2 instead; default: %(default)s)",
     )
-    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     args = p.parse_args(argv)
     domains = {"math", "code", "if", "swe", "rlhf", "agent"}
     args.remote_domains = frozenset(d.strip() for d in args.remote_domains.split(",") if d.strip())
@@ -95,8 +83,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def serve(args: argparse.Namespace) -> int:
     from cascade.domains.worker_pool import default_size
-    from cascade.transport.grpc_server import build_grpc_server, serve_until_signalled
-    from cascade.transport.http import start_http_server
     from cascade_proto.v1 import reward_pb2_grpc
     from services.reward import tasks
     from services.reward.batch import DomainCache
@@ -125,31 +111,19 @@ def serve(args: argparse.Namespace) -> int:
         local,
     )
     servicer = RewardServicer(dispatcher, metrics, max_items=args.max_items)
-    server, health, port = build_grpc_server(
+    serve_grpc(
+        args,
+        start_metrics_port(args, metrics.registry),
         lambda s: reward_pb2_grpc.add_RewardServiceServicer_to_server(servicer, s),
-        address=f"{args.host}:{args.port}",
-        max_workers=args.rpc_threads,
+        service_name=SERVICE_NAME,
         thread_prefix="reward-rpc",
-        max_message_bytes=64 * 1024 * 1024,
-    )
-    serving = threading.Event()
-    http = start_http_server(args.host, args.metrics_port, metrics.registry, health=serving.is_set)
-    serve_until_signalled(
-        server,
-        health,
-        [SERVICE_NAME],
-        http,
-        serving,
-        on_ready=lambda: log.info(
-            "reward service on %s:%d (metrics on :%d); remote domains: %s; %d local scoring processes; "
-            "broker %s",
-            args.host,
-            port,
-            http.server_port,
-            ",".join(sorted(args.remote_domains)) or "none",
-            workers,
-            _redact(args.broker_url),
+        log=log,
+        ready=lambda port, metrics_port: (
+            f"reward service on {args.host}:{port} (metrics on :{metrics_port}); remote domains: "
+            f"{','.join(sorted(args.remote_domains)) or 'none'}; {workers} local scoring processes; "
+            f"broker {_redact(args.broker_url)}"
         ),
+        max_message_bytes=64 * 1024 * 1024,
     )
     local.close()
     return 0
@@ -165,11 +139,7 @@ def _redact(url: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    return serve(args)
+    return run_service(parse_args, serve, argv)
 
 
 if __name__ == "__main__":

@@ -11,9 +11,10 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-import threading
 from pathlib import Path
 from typing import Any
+
+from services.entry import add_serving_arguments, run_service, serve_grpc, start_metrics_port
 
 log = logging.getLogger("cascade.rollout")
 
@@ -50,11 +51,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "later round prefills only what is new (cascade/engine/prefix_kv.py); 0 = off (default: "
         "1024, the embedded run's, which a distributed run must match to stay equal to it)",
     )
-    p.add_argument("--host", default="0.0.0.0", help="address for gRPC and HTTP (default: %(default)s)")
-    p.add_argument("--port", type=int, default=50052, help="gRPC port (default: %(default)s)")
-    p.add_argument(
-        "--metrics-port", type=int, default=9101, help="HTTP /metrics and /health (default: %(default)s)"
-    )
     p.add_argument(
         "--max-concurrent", type=int, default=4, help="Generate calls run at once (default: %(default)s)"
     )
@@ -62,7 +58,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--max-group-size", type=int, default=1024, help="completions per prompt (default: %(default)s)"
     )
-    p.add_argument("--rpc-threads", type=int, default=16, help="concurrent RPCs (default: %(default)s)")
     p.add_argument("--torch-threads", type=int, default=0, help="torch intra-op threads, 0 = torch's default")
     p.add_argument("--think-flag", default="/think", help="appended to chat prompts with thinking on")
     p.add_argument("--no-think-flag", default="/no_think", help="appended to chat prompts with thinking off")
@@ -84,7 +79,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="vllm only: KV-cache size, overrides --gpu-memory-utilization (default: 1 on the CPU build)",
     )
-    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    add_serving_arguments(p, port=50052, metrics_port=9101, rpc_threads=16)
     args = p.parse_args(argv)
     if not (args.model / "config.json").is_file():
         p.error(f"--model: {args.model} is not a model directory (no config.json)")
@@ -150,8 +145,6 @@ def serve(args: argparse.Namespace) -> int:
     import torch
 
     from cascade.config import ChatConfig
-    from cascade.transport.grpc_server import build_grpc_server, serve_until_signalled
-    from cascade.transport.http import start_http_server
     from cascade_proto.v1 import rollout_pb2_grpc
     from services.rollout.metrics import RolloutMetrics
     from services.rollout.requests import Limits
@@ -160,8 +153,7 @@ def serve(args: argparse.Namespace) -> int:
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
     metrics = RolloutMetrics()
-    serving = threading.Event()
-    http = start_http_server(args.host, args.metrics_port, metrics.registry, health=serving.is_set)
+    metrics_port = start_metrics_port(args, metrics.registry)  # /health answers while the model loads
     engine = build_engine(args)
     servicer = RolloutServicer(
         engine,
@@ -173,29 +165,17 @@ def serve(args: argparse.Namespace) -> int:
         limits=Limits(max_prompts=args.max_prompts, max_group_size=args.max_group_size),
         max_concurrent=args.max_concurrent,
     )
-    server, health, port = build_grpc_server(
-        lambda s: rollout_pb2_grpc.add_RolloutServiceServicer_to_server(servicer, s),
-        address=f"{args.host}:{args.port}",
-        max_workers=args.rpc_threads,
-        thread_prefix="rollout-rpc",
-    )
     info = engine.info
-    serve_until_signalled(
-        server,
-        health,
-        [SERVICE_NAME],
-        http,
-        serving,
-        on_ready=lambda: log.info(
-            "rollout service on %s:%d (metrics on :%d): %s engine, %s, vocab %d, context %d, version %d",
-            args.host,
-            port,
-            http.server_port,
-            info.kind,
-            info.model,
-            info.vocab_size,
-            info.max_context,
-            engine.version,
+    serve_grpc(
+        args,
+        metrics_port,
+        lambda s: rollout_pb2_grpc.add_RolloutServiceServicer_to_server(servicer, s),
+        service_name=SERVICE_NAME,
+        thread_prefix="rollout-rpc",
+        log=log,
+        ready=lambda port, http_port: (
+            f"rollout service on {args.host}:{port} (metrics on :{http_port}): {info.kind} engine, "
+            f"{info.model}, vocab {info.vocab_size}, context {info.max_context}, version {engine.version}"
         ),
     )
     engine.close()
@@ -203,11 +183,7 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    return serve(args)
+    return run_service(parse_args, serve, argv)
 
 
 if __name__ == "__main__":

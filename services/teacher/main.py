@@ -12,8 +12,9 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-import threading
 from pathlib import Path
+
+from services.entry import add_serving_arguments, run_service, serve_grpc, start_metrics_port
 
 log = logging.getLogger("cascade.teacher")
 
@@ -59,14 +60,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--max-sequences", type=int, default=4096, help="sequences per request (default: %(default)s)"
     )
-    p.add_argument("--host", default="0.0.0.0", help="address for gRPC and HTTP (default: %(default)s)")
-    p.add_argument("--port", type=int, default=50053, help="gRPC port (default: %(default)s)")
-    p.add_argument(
-        "--metrics-port", type=int, default=9102, help="HTTP /metrics and /health (default: %(default)s)"
-    )
-    p.add_argument("--rpc-threads", type=int, default=16, help="concurrent RPCs (default: %(default)s)")
     p.add_argument("--torch-threads", type=int, default=0, help="torch intra-op threads, 0 = torch's default")
-    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    add_serving_arguments(p, port=50053, metrics_port=9102, rpc_threads=16)
     args = p.parse_args(argv)
     names = [name for name, _ in args.teacher]
     if len(set(names)) != len(names):
@@ -86,8 +81,6 @@ def serve(args: argparse.Namespace) -> int:
     import torch
 
     from cascade.teacher_pool import TeacherPool
-    from cascade.transport.grpc_server import build_grpc_server, serve_until_signalled
-    from cascade.transport.http import start_http_server
     from cascade_proto.v1 import teacher_pb2_grpc
     from services.teacher.batching import ScoringBatcher
     from services.teacher.metrics import TeacherMetrics
@@ -114,28 +107,17 @@ def serve(args: argparse.Namespace) -> int:
         on_batch=on_batch,
     )
     servicer = TeacherServicer(pool, batcher, metrics, max_sequences=args.max_sequences)
-    server, health, port = build_grpc_server(
+    serve_grpc(
+        args,
+        start_metrics_port(args, metrics.registry),
         lambda s: teacher_pb2_grpc.add_TeacherServiceServicer_to_server(servicer, s),
-        address=f"{args.host}:{args.port}",
-        max_workers=args.rpc_threads,
+        service_name=SERVICE_NAME,
         thread_prefix="teacher-rpc",
-    )
-    serving = threading.Event()
-    http = start_http_server(args.host, args.metrics_port, metrics.registry, health=serving.is_set)
-    serve_until_signalled(
-        server,
-        health,
-        [SERVICE_NAME],
-        http,
-        serving,
-        on_ready=lambda: log.info(
-            "teacher service on %s:%d (metrics on :%d): teachers %s, budget %.0f MiB, %s",
-            args.host,
-            port,
-            http.server_port,
-            ", ".join(pool.names()) or "none (SetTeacher adds them)",
-            args.memory_budget_mb,
-            args.device,
+        log=log,
+        ready=lambda port, metrics_port: (
+            f"teacher service on {args.host}:{port} (metrics on :{metrics_port}): teachers "
+            f"{', '.join(pool.names()) or 'none (SetTeacher adds them)'}, budget "
+            f"{args.memory_budget_mb:.0f} MiB, {args.device}"
         ),
     )
     batcher.close()
@@ -143,11 +125,7 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    return serve(args)
+    return run_service(parse_args, serve, argv)
 
 
 if __name__ == "__main__":
