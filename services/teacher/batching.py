@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from cascade.engine.base import EngineRequestError
 from cascade.engine.scoring import ScoreRequest, SequenceScores, check_score_request, score_sequences
-from cascade.teacher_pool import TeacherPool
+from services.teacher.pool import TeacherPool
 
 log = logging.getLogger(__name__)
 

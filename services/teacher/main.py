@@ -80,10 +80,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def serve(args: argparse.Namespace) -> int:
     import torch
 
-    from cascade.teacher_pool import TeacherPool
     from cascade_proto.v1 import teacher_pb2_grpc
     from services.teacher.batching import ScoringBatcher
     from services.teacher.metrics import TeacherMetrics
+    from services.teacher.pool import TeacherPool
     from services.teacher.server import SERVICE_NAME, TeacherServicer
 
     if args.torch_threads:

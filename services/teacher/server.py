@@ -10,12 +10,12 @@ import grpc
 
 from cascade.engine.base import EngineRequestError
 from cascade.engine.scoring import Mode, ScoreRequest, SequenceScores
-from cascade.teacher_pool import TeacherLoadError, TeacherPool, TeacherStatus, UnknownTeacherError
 from cascade.transport.grpc_server import DEFAULT_MAX_MESSAGE_BYTES, RpcCall
 from cascade_proto.v1 import teacher_pb2 as pb
 from cascade_proto.v1 import teacher_pb2_grpc as pb_grpc
 from services.teacher.batching import ScoringBatcher
 from services.teacher.metrics import TeacherMetrics
+from services.teacher.pool import TeacherLoadError, TeacherPool, TeacherStatus, UnknownTeacherError
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["TeacherService"].full_name
 MODES: dict[int, Mode] = {

@@ -15,8 +15,8 @@ from cascade.engine.batch import build_batch
 from cascade.engine.logprobs import completion_logits
 from cascade.engine.scoring import ScoreRequest, check_score_request, score_sequences
 from cascade.model.loading import load_model_weights_only
-from cascade.teacher_pool import TeacherLoadError, TeacherPool, UnknownTeacherError
 from services.teacher.batching import ScoringBatcher
+from services.teacher.pool import TeacherLoadError, TeacherPool, UnknownTeacherError
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
