@@ -70,7 +70,10 @@ def test_hostile_replies_lose_clearly_to_the_reference(model_path: Path) -> None
     hostile, paid = verdicts[: len(cases)], verdicts[len(cases) :]
     assert failures(cases, hostile) == []
     assert [(r.name, v.reason) for r, v in zip(right, paid, strict=True)] == [(r.name, OK) for r in right]
-    assert [v.reward for v in paid] == pytest.approx([r.reward for r in right], abs=1e-6)
+    # The reply and its reference are scored in different batches (other padding), so a reply equal
+    # to the reference gets sigmoid(d) with |d| ~ 1e-6 in float32, not exactly 0.5 (a clean-clone
+    # run saw 0.49999893); the verdict is still "as good as the reference".
+    assert [v.reward for v in paid] == pytest.approx([r.reward for r in right], abs=1e-5)
 
 
 def test_raw_scores_below_the_on_request_reply(model_path: Path) -> None:
