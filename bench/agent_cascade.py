@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from cascade.config import load_cascade_config
-from cascade.report import load_regression_table, render_markdown
+from cascade.runner.report import load_regression_table, render_markdown
 from cascade.store.history import RegressionTable
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -27,7 +27,7 @@ import yaml
 from sqlalchemy import select
 
 from cascade.config import load_cascade_config
-from cascade.embedded import embedded_runner
+from cascade.runner.embedded import embedded_runner
 from cascade.store import repo
 from cascade.store.db import make_engine, session_scope
 from cascade.store.models import Run

@@ -18,8 +18,10 @@ from cascade.config import ChatConfig, DomainConfig, GrpoConfig
 from cascade.domains import load_problems, make_domain
 from cascade.model.chat import encode_prompts
 from cascade.model.loading import load_policy
-from cascade.rollout import PolicyGenerate, PromptRequest, generate_and_score, merge_chunks, problem_fields
-from cascade.trainer import LossTerm, apply_update, rl_term
+from cascade.rollout.policy import PolicyGenerate
+from cascade.rollout.requests import PromptRequest, merge_chunks, problem_fields
+from cascade.rollout.scoring import generate_and_score
+from cascade.runner.trainer import LossTerm, apply_update, rl_term
 
 STEPS = 8
 

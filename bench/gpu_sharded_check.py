@@ -84,7 +84,7 @@ def make_batch(args: argparse.Namespace) -> tuple[Any, list[Any], Any]:
     from cascade.engine.batch import build_batch
     from cascade.engine.logprobs import completion_logprobs
     from cascade.runner.distill import DistillData
-    from cascade.trainer import DistillSamples, local_teacher_tokens
+    from cascade.runner.trainer import DistillSamples, local_teacher_tokens
 
     stage = StageConfig.model_validate(
         {
@@ -134,11 +134,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from cascade.accel import resolve_learner
     from cascade.config import LearnerConfig
-    from cascade.frozen_models import FrozenModelCache
     from cascade.parallel.fsdp import shard_policy
     from cascade.parallel.launch import start_rank
     from cascade.parallel.sharded import RankShard
     from cascade.parallel.world import leave_world
+    from cascade.runner.frozen_models import FrozenModelCache
     from cascade.runner.update import UpdateRequest, run_update, share_all
 
     device = "cuda" if args.device.startswith("cuda") else args.device

@@ -97,7 +97,7 @@ def _tokens(g: torch.Generator, vocab: int, lo: int, hi: int) -> list[int]:
 
 
 def synthetic_plan(prompts: int, group: int, tokens: int, vocab: int, seed: int = 0) -> Any:
-    from cascade.trainer import RlPlan
+    from cascade.runner.trainer import RlPlan
 
     g = torch.Generator().manual_seed(seed)
     rows_p, rows_c, groups, adv = [], [], [], []
@@ -129,7 +129,7 @@ def synthetic_distill(model_dir: Path, rows: int, tokens: int, vocab: int, stage
     from cascade.engine.logprobs import completion_logprobs
     from cascade.model.loading import load_model_weights_only
     from cascade.runner.distill import DistillData
-    from cascade.trainer import DistillSamples, local_teacher_tokens
+    from cascade.runner.trainer import DistillSamples, local_teacher_tokens
 
     g = torch.Generator().manual_seed(1)
     prompts = [_tokens(g, vocab, 12, 28) for _ in range(rows)]

@@ -49,7 +49,7 @@ from cascade.engine.prefix_kv import RowKV
 from cascade.model.build import AGENT_SPEC, save_untrained_model
 from cascade.model.chat import token_encoder
 from cascade.model.loading import Policy, load_policy
-from cascade.rollout import PolicyGenerate
+from cascade.rollout.policy import PolicyGenerate
 from cascade.tools.environment import CallOutcome, StepResult, ToolEnvironment
 from cascade.tools.template import format_of_tokenizer
 from cascade.tools.turn_loop import TurnRollout, env_ids, run_turns

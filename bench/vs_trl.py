@@ -103,14 +103,10 @@ def cascade_worker(model_dir: str, steps: int, keep_zero_variance: bool) -> None
     from cascade.config import ChatConfig, GrpoConfig, TokenBudget
     from cascade.model.chat import encode_prompts
     from cascade.model.loading import load_policy
-    from cascade.rollout import (
-        PolicyGenerate,
-        PromptRequest,
-        generate_and_score,
-        merge_chunks,
-        problem_fields,
-    )
-    from cascade.trainer import apply_update, rl_term
+    from cascade.rollout.policy import PolicyGenerate
+    from cascade.rollout.requests import PromptRequest, merge_chunks, problem_fields
+    from cascade.rollout.scoring import generate_and_score
+    from cascade.runner.trainer import apply_update, rl_term
 
     problems, _, domain = _problems_and_texts(model_dir)
     policy = load_policy(model_dir)

@@ -34,7 +34,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
             continue
         problems = [] if args.schema_only else check_paths(cfg) + check_tracking(cfg.tracking)
         if not args.schema_only:
-            from cascade.step_memory import step_memory_problems
+            from cascade.runner.step_memory import step_memory_problems
 
             problems += step_memory_problems(cfg)
         for problem in problems:
@@ -84,7 +84,7 @@ def _config_for_run(args: argparse.Namespace):  # -> CascadeConfig; raises Confi
     if args.config is not None:
         return load_cascade_config(args.config)
     if args.cascade_id is not None and args.db is not None:
-        from cascade.run_store import CascadeMismatch, stored_config
+        from cascade.runner.run_store import CascadeMismatch, stored_config
 
         try:
             return stored_config(args.db, args.cascade_id)
@@ -152,12 +152,12 @@ def _run_embedded(args: argparse.Namespace, cfg, run_dir: Path, world) -> int:
 
     _quiet_hub_progress()
     from cascade.accel import DeviceError
-    from cascade.embedded import RunDirError, embedded_runner
     from cascade.model.loading import ModelLoadError
-    from cascade.progress import RunProgress
-    from cascade.report import print_regression_table
-    from cascade.run_store import CascadeMismatch, LeaseHeld
+    from cascade.runner.embedded import RunDirError, embedded_runner
+    from cascade.runner.progress import RunProgress
     from cascade.runner.record import read_record, resume_command
+    from cascade.runner.report import print_regression_table
+    from cascade.runner.run_store import CascadeMismatch, LeaseHeld
     from cascade.sandbox.pool import SandboxUnavailable
 
     console = Console(stderr=True)
@@ -260,7 +260,7 @@ def cmd_model_init(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from cascade.report import print_regression_table
+    from cascade.runner.report import print_regression_table
 
     report = Path(args.run_dir) / "report"
     if not (report / "regression_table.json").exists():

@@ -527,7 +527,7 @@ class LearnerConfig(StrictModel):
     on the CPU (bit for bit what a CPU run always computed). `float32`: full precision
     everywhere. `bfloat16`: the CUDA policy, refused on the CPU."""
     memory_gib: float | None = Field(None, gt=0)
-    """The memory a learner step may use, in GiB (`cascade.step_memory`): a stage whose step
+    """The memory a learner step may use, in GiB (`cascade.runner.step_memory`): a stage whose step
     certainly needs more is refused by `cascade validate` and before a run writes anything.
     Default: this machine's (the CUDA device's, else the RAM); set it for a bigger machine."""
 

@@ -25,9 +25,9 @@ from cascade.model.loading import load_model_weights_only
 from cascade.parallel.launch import follow_driver, release, start_rank
 from cascade.parallel.sharded import ShardedTrainer
 from cascade.runner.distill import DistillData
+from cascade.runner.trainer import DistillSamples, RlPlan, local_teacher_tokens
 from cascade.runner.training import LocalTrainer
 from cascade.runner.update import UpdateRequest
-from cascade.trainer import DistillSamples, RlPlan, local_teacher_tokens
 
 LOSSES = ("sampled", "topk", "full")
 

@@ -325,7 +325,7 @@ class AgentDomain:
 
 @dataclass(frozen=True)
 class TurnSetup:
-    """What the turn loop needs for one request's episodes (`cascade.rollout.generate_and_score`)."""
+    """What the turn loop needs for one request's episodes (`cascade.rollout.scoring.generate_and_score`)."""
 
     format: ToolFormat
     environments: list[ToolEnvironment | None]

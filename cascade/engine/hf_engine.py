@@ -196,7 +196,7 @@ def sample_request(
     stamp: Hashable = None,
 ) -> Generation:
     """`n` completions of every prompt (prompt-major): the one sampling path of the HF engine
-    and of the policy in the learner's process (`cascade.rollout.PolicyGenerate`), so the two
+    and of the policy in the learner's process (`cascade.rollout.policy.PolicyGenerate`), so the two
     give the same tokens for the same seed. A request with a seed samples from
     `request_generator(seed)`, one without from `generator` (any device).
 

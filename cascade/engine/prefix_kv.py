@@ -12,7 +12,7 @@ prefill at every length measured, down to 8 kept ids (`bench/turn_kv_reuse.py`),
 later round reuses: no threshold.
 
 The decision is a function of the request and the round, never of what else the engine served:
-the embedded run (`cascade.rollout.PolicyGenerate`) and the distributed one (rollout workers ->
+the embedded run (`cascade.rollout.policy.PolicyGenerate`) and the distributed one (rollout workers ->
 the rollout service's `HFEngine`) compare `==` on a seed, and reuse and a full prefill agree
 only to float rounding (tested to 1e-5). So a request names its round (`TurnStep`, set by the
 turn loop) and round r >= 1 reuses iff the engine holds that rollout at round r - 1, computed

@@ -37,12 +37,12 @@ from cascade.domains.agent import default_format, prompt_tools
 from cascade.domains.base import Domain, Problem
 from cascade.engine.batch import build_batch, right_pad
 from cascade.engine.logprobs import completion_logits, gather_logprobs
-from cascade.evaluation import evaluate_domain
+from cascade.eval.evaluate import evaluate_domain
 from cascade.model.chat import render_prompt, token_encoder
 from cascade.model.loading import Policy
 from cascade.model.sft_traces import tool_markers, trace_completion
 from cascade.model.tokenizer import train_tokenizer
-from cascade.rollout import PolicyGenerate
+from cascade.rollout.policy import PolicyGenerate
 from cascade.tools.template import TOOL_CHAT_TEMPLATE, format_of_tokenizer, template_renderer
 
 TINY_DOMAINS = ("math", "code", "if")

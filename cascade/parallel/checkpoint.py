@@ -1,7 +1,7 @@
 """Sharded training state with `torch.distributed.checkpoint` (DCP): every rank writes its own
 shards of the model and optimizer into `<checkpoint>/dcp`, and any world size reads them back
 (DCP reshards on load). The full weights are exported beside them as a model directory for
-teachers, the rollout service and the final model (`cascade.checkpoint`).
+teachers, the rollout service and the final model (`cascade.runner.checkpoint`).
 
 A checkpoint written by a learner of one process (`optimizer.safetensors`, keyed by parameter
 index) loads into a sharded learner too, and a sharded one into a learner of one process."""
@@ -23,7 +23,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.fsdp import FSDPModule
 
-from cascade.checkpoint import OPTIM_FILE, STATE_FILE
+from cascade.runner.checkpoint import OPTIM_FILE, STATE_FILE
 
 DCP_DIR = "dcp"
 

@@ -22,14 +22,14 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from cascade.accel import Accel
-from cascade.checkpoint import load_checkpoint_state, save_checkpoint
 from cascade.config import StageConfig
-from cascade.frozen_models import FrozenModelCache
 from cascade.model.loading import Policy, load_policy
 from cascade.parallel.checkpoint import load_optimizer, save_shards
 from cascade.parallel.fsdp import shard_policy
 from cascade.parallel.world import World
+from cascade.runner.checkpoint import load_checkpoint_state, save_checkpoint
 from cascade.runner.distill import DistillData
+from cascade.runner.frozen_models import FrozenModelCache
 from cascade.runner.update import UpdateRequest, run_update, share_all
 
 

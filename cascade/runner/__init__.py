@@ -1,6 +1,3 @@
-"""The stage loop of both modes (`CascadeRunner`) and the interfaces of what it is given."""
-
-from cascade.runner.loop import CascadeRunner
-from cascade.runner.sources import RolloutSource, RunSources, TeacherSource, WeightSink
-
-__all__ = ["CascadeRunner", "RolloutSource", "RunSources", "TeacherSource", "WeightSink"]
+"""The run loop: the stage loop of both modes (`loop.CascadeRunner`) and the interfaces of what
+it is given (`sources`), the step's planning, update and distillation, curriculum and advance,
+checkpoints, the run's state and store, progress and the report."""

@@ -23,10 +23,10 @@ from cascade.config import StageConfig
 from cascade.domains.base import Problem
 from cascade.engine.base import SamplingSettings
 from cascade.engine.batch import SequenceBatch
-from cascade.rollout import multi_turn_setup, request_seed
+from cascade.rollout.requests import request_seed
+from cascade.rollout.scoring import multi_turn_setup
 from cascade.runner.sources import RolloutSource, TeacherSource
-from cascade.tools.turn_loop import Decode, Encode, run_turns, turn_metrics
-from cascade.trainer import (
+from cascade.runner.trainer import (
     DistillSamples,
     LossTerm,
     TeacherTokens,
@@ -34,6 +34,7 @@ from cascade.trainer import (
     distill_loss_term,
     placeholder_batch,
 )
+from cascade.tools.turn_loop import Decode, Encode, run_turns, turn_metrics
 
 
 @dataclass

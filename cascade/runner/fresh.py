@@ -18,8 +18,8 @@ from pathlib import Path
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
-from cascade.run_state import RunDirError
 from cascade.runner.record import RECORD_FILE, public_db_url, read_record
+from cascade.runner.run_state import RunDirError
 from cascade.store import db, leases
 from cascade.store.models import RunLease, utcnow
 

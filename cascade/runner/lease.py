@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from cascade.run_store import RunStore
+from cascade.runner.run_store import RunStore
 
 
 class LeaseKeeper:

@@ -18,11 +18,13 @@ from cascade.config import DistillConfig
 from cascade.domains.base import Domain, Problem, RewardVerdict
 from cascade.engine.base import SamplingSettings, VersionedGeneration
 from cascade.engine.batch import SequenceBatch
-from cascade.frozen_models import FrozenModelCache
 from cascade.model.chat import token_encoder
 from cascade.model.loading import Policy
-from cascade.rollout import PolicyGenerate, PromptRequest, ScoredChunk, generate_and_score
-from cascade.trainer import DistillSamples, TeacherTokens, local_teacher_tokens
+from cascade.rollout.policy import PolicyGenerate
+from cascade.rollout.requests import PromptRequest, ScoredChunk
+from cascade.rollout.scoring import generate_and_score
+from cascade.runner.frozen_models import FrozenModelCache
+from cascade.runner.trainer import DistillSamples, TeacherTokens, local_teacher_tokens
 
 
 class LocalRollouts:

@@ -6,7 +6,7 @@ push the weights; eval of every domain on its cadence, the advance rule, best-ch
 teachers, resumable checkpoints, the operator's commands from the store at every step boundary.
 
 What differs between one process and the services is passed in as `RunSources` (rollouts,
-teacher log-probs, weights): `cascade.embedded` builds the loop with in-process sources,
+teacher log-probs, weights): `cascade.runner.embedded` builds the loop with in-process sources,
 `services.learner` with Redis/gRPC ones. The loop never asks which.
 """
 
@@ -31,37 +31,38 @@ from sqlalchemy.exc import ArgumentError, OperationalError
 
 from cascade.accel import resolve_learner
 from cascade.algo import PromptPassRateFilter, token_budget, warmup_lr_factor
-from cascade.checkpoint import (
+from cascade.config import CascadeConfig, StageConfig, parse_watched_metric
+from cascade.domains import load_problems, make_domain
+from cascade.domains.agent import prompt_tools
+from cascade.domains.base import Domain, NeedsPreparing, Problem
+from cascade.eval.evaluate import evaluate_domain
+from cascade.eval.results import DomainEval
+from cascade.model.chat import encode_prompts, token_encoder
+from cascade.parallel.world import World
+from cascade.resilience import resilience_metrics
+from cascade.rollout.requests import PromptRequest, RolloutBatch, merge_chunks, request_seed
+from cascade.runner.checkpoint import (
     latest_checkpoint,
     prune_checkpoints,
     read_runner_state,
     save_model_dir_atomically,
 )
-from cascade.config import CascadeConfig, StageConfig, parse_watched_metric
-from cascade.curriculum import AdvanceTracker, TeacherRegistry
-from cascade.domains import load_problems, make_domain
-from cascade.domains.agent import prompt_tools
-from cascade.domains.base import Domain, NeedsPreparing, Problem
-from cascade.evaluation import DomainEval, evaluate_domain
-from cascade.model.chat import encode_prompts, token_encoder
-from cascade.parallel.world import World
-from cascade.progress import RunProgress
-from cascade.resilience import resilience_metrics
-from cascade.rollout import PromptRequest, RolloutBatch, merge_chunks, request_seed
-from cascade.run_state import RunDirError, RunResult, RunState, rng_state_from_json, rng_state_to_json
-from cascade.run_store import RunStore
+from cascade.runner.curriculum import AdvanceTracker, TeacherRegistry
 from cascade.runner.distill import DistillData, DistillJob, fetch_distill
 from cascade.runner.fresh import check_is_run_dir, check_not_held, move_aside
 from cascade.runner.lease import LeaseKeeper
 from cascade.runner.planning import distill_seed, plan_requests
+from cascade.runner.progress import RunProgress
 from cascade.runner.record import RunRecord, read_record, write_record
+from cascade.runner.run_state import RunDirError, RunResult, RunState, rng_state_from_json, rng_state_to_json
+from cascade.runner.run_store import RunStore
 from cascade.runner.sources import RunSources
+from cascade.runner.step_memory import step_memory_problems
+from cascade.runner.trainer import VerifierFailureError, plan_rl
 from cascade.runner.training import PolicyTrainer, make_trainer
 from cascade.runner.update import UpdateRequest
-from cascade.step_memory import step_memory_problems
 from cascade.store.leases import Holder
 from cascade.tracking import Tracker
-from cascade.trainer import VerifierFailureError, plan_rl
 
 SAMPLES_LOG = "samples.jsonl"
 """One line per step: the sample ids it trained on (a sample trained twice would show here)."""

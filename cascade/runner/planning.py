@@ -13,7 +13,7 @@ from typing import Any
 
 from cascade.config import StageConfig
 from cascade.domains.base import Problem
-from cascade.rollout import PromptRequest, problem_fields, request_seed
+from cascade.rollout.requests import PromptRequest, problem_fields, request_seed
 
 
 def plan_requests(

@@ -21,8 +21,8 @@ from cascade.config import DistillConfig
 from cascade.engine.base import SamplingSettings, VersionedGeneration
 from cascade.engine.batch import SequenceBatch
 from cascade.model.loading import Policy
-from cascade.rollout import PromptRequest, ScoredChunk
-from cascade.trainer import DistillSamples, TeacherTokens
+from cascade.rollout.requests import PromptRequest, ScoredChunk
+from cascade.runner.trainer import DistillSamples, TeacherTokens
 
 
 class RolloutSource(Protocol):

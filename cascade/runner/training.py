@@ -13,13 +13,13 @@ from typing import Any, Protocol
 import torch
 
 from cascade.accel import Accel
-from cascade.checkpoint import load_checkpoint_state, save_checkpoint
 from cascade.config import StageConfig
-from cascade.frozen_models import FrozenModelCache
 from cascade.model.loading import Policy, load_policy
 from cascade.parallel.checkpoint import is_sharded, load_optimizer
 from cascade.parallel.world import World
+from cascade.runner.checkpoint import load_checkpoint_state, save_checkpoint
 from cascade.runner.distill import DistillData
+from cascade.runner.frozen_models import FrozenModelCache
 from cascade.runner.update import UpdateRequest, run_update
 
 

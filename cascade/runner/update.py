@@ -21,9 +21,9 @@ from cascade.accel import Accel
 from cascade.algo import schedule_value
 from cascade.algo.masking import SumOverRanks
 from cascade.config import StageConfig
-from cascade.frozen_models import FrozenModelCache
 from cascade.runner.distill import DistillData, distill_terms, share_distill
-from cascade.trainer import RlPlan, apply_update, rl_loss
+from cascade.runner.frozen_models import FrozenModelCache
+from cascade.runner.trainer import RlPlan, apply_update, rl_loss
 
 
 @dataclass

@@ -12,7 +12,7 @@ Conventions (shared with the runner):
 - **best** is the highest eval of the domain anywhere in the run (the teacher's score);
 - **final - best** is the latest eval minus best: 0 means no forgetting, negative is the drop;
   the drop is **outside noise** when final's confidence interval lies wholly below best's
-  (non-overlapping intervals; see `cascade.eval_stats`). Best is a maximum over many
+  (non-overlapping intervals; see `cascade.eval.stats`). Best is a maximum over many
   evals, so it is biased upwards: a small unflagged drop is expected noise.
 
 Every score carries its interval when the eval recorded one (`EvalPoint.metrics`); the table
@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from cascade.eval_stats import Interval, outside_noise
+from cascade.eval.stats import Interval, outside_noise
 
 
 @dataclass(frozen=True)

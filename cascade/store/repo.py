@@ -107,7 +107,7 @@ def record_step(
     """Store one optimiser step's metrics (`step` counts updates in the stage, 1 = first); the
     row, and False when it was there already.
 
-    Insert if absent: a write repeated after a lost reply (`cascade.run_store`) finds its row and
+    Insert if absent: a write repeated after a lost reply (`cascade.runner.run_store`) finds its row and
     leaves it; the same step with other metrics is `ConflictingRow`. (Rows of steps redone after
     resuming from a checkpoint go first: `discard_after`.) The unique constraint on (run, stage,
     step) refuses a second row whatever the caller did.

@@ -2,7 +2,7 @@
 
 Built only on a `GenerateFn` (the policy in this process or the rollout service), a decoder
 and an encoder, so the embedded run and a rollout worker run this same loop
-(`cascade.rollout.generate_and_score` calls it for the agent domain).
+(`cascade.rollout.scoring.generate_and_score` calls it for the agent domain).
 
 Each round is one batched generate over the live episodes: the first round is the request
 itself (`n` completions of each prompt, with the request's seed, so its tokens are exactly a

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from cascade.run_state import RunDirError
+from cascade.runner.run_state import RunDirError
 
 EXTRA_HINT = "pip install 'cascade-rl[tracking]'"
 

@@ -25,7 +25,7 @@ from cascade.tracking.base import Backend, RunContext, TrackingUnavailable, nume
 
 if TYPE_CHECKING:
     from cascade.config import CascadeConfig
-    from cascade.evaluation import DomainEval
+    from cascade.eval.results import DomainEval
 
 STATE_FILE = "tracking.json"
 """Each backend's tracked run, as `open` returned it (no secrets: URIs are masked)."""

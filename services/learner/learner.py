@@ -11,8 +11,8 @@ from typing import Any
 
 from cascade.config import CascadeConfig, ResilienceConfig
 from cascade.resilience import Dependency
-from cascade.runner import CascadeRunner, RunSources
-from cascade.runner.sources import TeacherSource
+from cascade.runner.loop import CascadeRunner
+from cascade.runner.sources import RunSources, TeacherSource
 from cascade.transport.channel import ServiceUnavailable
 from cascade.transport.redis_streams import TRANSIENT as REDIS_TRANSIENT
 from cascade.transport.rollout_replicas import Addresses

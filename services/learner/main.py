@@ -151,10 +151,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _drive(args: argparse.Namespace, cfg: Any, world: Any) -> int:
     """Rank 0 (or the only rank): the stage loop over the services."""
-    from cascade.run_state import RunDirError
-    from cascade.run_store import CascadeMismatch, LeaseHeld
     from cascade.runner.fresh import confirm_fresh
     from cascade.runner.record import read_record, resume_command
+    from cascade.runner.run_state import RunDirError
+    from cascade.runner.run_store import CascadeMismatch, LeaseHeld
     from cascade.sandbox.pool import SandboxUnavailable
     from services.learner.learner import distributed_runner
 

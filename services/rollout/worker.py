@@ -1,7 +1,7 @@
 """`python -m services.rollout.worker`: a rollout worker of the distributed mode.
 
 Reads prompt requests from the run's Redis stream through the consumer group `rollout`, turns each
-into a scored chunk with `cascade.rollout.generate_and_score` (the embedded run's own rollout
+into a scored chunk with `cascade.rollout.scoring.generate_and_score` (the embedded run's own rollout
 function) with the rollout replicas generating (gRPC Generate, seeded per request, spread
 round-robin over `--rollout a,b` / `--rollout-dns`; a reply made by older weights than the
 request's `policy_version` is never used: another replica is asked, or the request waits) and the
@@ -151,7 +151,8 @@ class Worker:
         from cascade.domains.base import Problem, RewardVerdict
         from cascade.engine.base import SamplingSettings, VersionedGeneration
         from cascade.model.chat import token_encoder
-        from cascade.rollout import PromptRequest, generate_and_score
+        from cascade.rollout.requests import PromptRequest
+        from cascade.rollout.scoring import generate_and_score
         from cascade.transport.redis_streams import publish
 
         req = PromptRequest.from_json(data)

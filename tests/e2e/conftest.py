@@ -17,7 +17,7 @@ from sqlalchemy import select
 from stack_probe import REDIS_URL, redis_up
 
 from cascade.config import CascadeConfig, load_cascade_config
-from cascade.embedded import RunResult, embedded_runner
+from cascade.runner.embedded import RunResult, embedded_runner
 from cascade.store import repo
 from cascade.store.db import make_engine, session_scope
 from cascade.store.models import Checkpoint, Run

@@ -44,7 +44,7 @@ from private_redis import PrivateRedis
 from sqlalchemy import select
 from stack_probe import dependency_series, trained
 
-from cascade.checkpoint import latest_checkpoint
+from cascade.runner.checkpoint import latest_checkpoint
 from cascade.store.db import make_engine, session_scope
 from cascade.store.models import Event, RunLease
 from cascade.up import LocalStack, Proc

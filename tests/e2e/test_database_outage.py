@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 from private_postgres import PrivatePostgres
 
-from cascade.embedded import embedded_runner
+from cascade.runner.embedded import embedded_runner
 from cascade.store.db import make_engine, session_scope
 from services.api import queries
 

@@ -18,9 +18,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from cascade.checkpoint import latest_checkpoint
 from cascade.cli import main as cli_main
-from cascade.embedded import RunDirError, embedded_runner
+from cascade.runner.checkpoint import latest_checkpoint
+from cascade.runner.embedded import RunDirError, embedded_runner
 
 STAGE_STEPS = 4
 EVAL_GLOBAL_STEPS = [0, 2, 4, 6, 8]

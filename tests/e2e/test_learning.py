@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from cascade.config import load_cascade_config
-from cascade.embedded import embedded_runner
+from cascade.runner.embedded import embedded_runner
 from cascade.store import repo
 from cascade.store.db import make_engine, session_scope
 

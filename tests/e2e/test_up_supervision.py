@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from cascade.checkpoint import latest_checkpoint
+from cascade.runner.checkpoint import latest_checkpoint
 from cascade.up import LocalStack
 
 REDIS_URL = os.environ.get("CASCADE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from cascade.eval_stats import wilson_interval
+from cascade.eval.stats import wilson_interval
 from cascade.store import repo
 from cascade.store.db import make_engine, prepare_schema, session_scope
 

@@ -178,7 +178,7 @@ def test_pause_exits_and_resume_continues_from_the_checkpoint(
 ) -> None:
     """Without --follow a paused runner exits; `--resume` continues from the pause checkpoint."""
     from cascade.config import load_cascade_config
-    from cascade.embedded import embedded_runner
+    from cascade.runner.embedded import embedded_runner
 
     api, url = plane
     cfg_path = tmp_path / "cascade.yaml"
@@ -233,7 +233,7 @@ def test_sigkilled_runner_resumes_from_its_run_record(
     the steps after the checkpoint are redone once, the run completes, and every step equals an
     uninterrupted run's."""
     from cascade.config import load_cascade_config
-    from cascade.embedded import embedded_runner
+    from cascade.runner.embedded import embedded_runner
     from cascade.runner.record import read_record
 
     api, url = plane

@@ -22,10 +22,10 @@ import pytest
 import yaml
 
 from cascade.config import CascadeConfig
-from cascade.embedded import embedded_runner
-from cascade.run_state import RunDirError
-from cascade.run_store import CascadeHasHistory, CascadeMismatch, LeaseHeld, RunStore
+from cascade.runner.embedded import embedded_runner
 from cascade.runner.record import RunRecord, write_record
+from cascade.runner.run_state import RunDirError
+from cascade.runner.run_store import CascadeHasHistory, CascadeMismatch, LeaseHeld, RunStore
 from cascade.store import db
 from cascade.store.leases import Holder
 from cascade.store.models import RunLease

@@ -25,8 +25,8 @@ import yaml
 from sqlalchemy import select
 
 from cascade.config import CascadeConfig
-from cascade.embedded import embedded_runner
-from cascade.run_store import RunStore
+from cascade.runner.embedded import embedded_runner
+from cascade.runner.run_store import RunStore
 from cascade.store import control, db, repo
 from cascade.store.models import Step
 from services.api import queries

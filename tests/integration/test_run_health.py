@@ -14,7 +14,7 @@ from sqlalchemy import update
 
 from cascade.config import CascadeConfig
 from cascade.resilience import Dependency
-from cascade.run_store import RunStore
+from cascade.runner.run_store import RunStore
 from cascade.store import db
 from cascade.store.leases import Holder
 from cascade.store.models import RunLease, utcnow

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from cascade.checkpoint import latest_checkpoint
 from cascade.parallel.launch import torchrun_argv
+from cascade.runner.checkpoint import latest_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 TOLERANCE = 1e-5

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from cascade.config import CascadeConfig
-from cascade.run_store import RunStore
+from cascade.runner.run_store import RunStore
 from cascade.store import control, db, leases, repo
 from cascade.store.leases import Holder
 from cascade.store.lifecycle import IllegalTransition

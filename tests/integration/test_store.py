@@ -17,7 +17,7 @@ from sqlalchemy import Engine, delete, func, select, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from cascade.report import write_report
+from cascade.runner.report import write_report
 from cascade.store import repo
 from cascade.store.db import create_all, make_engine, session_scope
 from cascade.store.models import STAGE_STATES, Cascade, Checkpoint, Eval, Event, Stage, Step

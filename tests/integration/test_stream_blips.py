@@ -16,7 +16,7 @@ import pytest
 from private_redis import PrivateRedis
 
 from cascade.resilience import Dependency, DependencyDown, resilience_metrics
-from cascade.rollout import PromptRequest, ScoredChunk
+from cascade.rollout.requests import PromptRequest, ScoredChunk
 from cascade.transport.redis_streams import TRANSIENT, StreamGroup, connect, publish
 from services.learner.sources import StreamRollouts
 

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from cascade.config import CascadeConfig, parse_cascade_config
-from cascade.embedded import embedded_runner
+from cascade.runner.embedded import embedded_runner
 from cascade.tracking import STATE_FILE, TrackingUnavailable
 
 STEPS = [1, 2, 3, 4]

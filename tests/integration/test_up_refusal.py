@@ -16,8 +16,8 @@ from pg_schema import fresh_schema
 
 from cascade import cli
 from cascade.config import load_cascade_config
-from cascade.run_store import RunStore
 from cascade.runner.record import RunRecord, write_record
+from cascade.runner.run_store import RunStore
 from cascade.store import db, leases
 from cascade.store.leases import Holder
 from cascade.up_preflight import refusal

@@ -163,7 +163,7 @@ def test_every_tensor_of_a_step_is_on_the_model_device(
     stage's teacher): the loss, the distillation terms and the update run under a mode that
     records every tensor's device; all of them are the policy's."""
     import cascade.runner.update as update
-    from cascade.embedded import embedded_runner
+    from cascade.runner.embedded import embedded_runner
 
     cfg = load_cascade_config(_config(tmp_path, random_tiny_model))
     runner = embedded_runner(cfg, run_dir=tmp_path / "run", log=lambda _: None)

@@ -14,8 +14,8 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from cascade.config import ChatConfig, DomainConfig
 from cascade.domains import make_domain
 from cascade.domains.agent import prompt_tools
-from cascade.eval_stats import ratio_interval, wilson_interval
-from cascade.evaluation import evaluate_domain, tool_use_metrics
+from cascade.eval.evaluate import evaluate_domain, tool_use_metrics
+from cascade.eval.stats import ratio_interval, wilson_interval
 from cascade.model.chat import encode_prompts
 from cascade.tools.environment import EpisodeStats
 

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from cascade.checkpoint import (
+from cascade.model.loading import Policy, load_policy
+from cascade.runner.checkpoint import (
     STATE_FILE,
     latest_checkpoint,
     load_checkpoint_state,
@@ -17,7 +18,6 @@ from cascade.checkpoint import (
     read_runner_state,
     save_checkpoint,
 )
-from cascade.model.loading import Policy, load_policy
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from cascade.config import AdvanceRule
-from cascade.curriculum import AdvanceTracker, TeacherEntry, TeacherRegistry
+from cascade.runner.curriculum import AdvanceTracker, TeacherEntry, TeacherRegistry
 
 
 def test_patience_resets_on_a_dip() -> None:

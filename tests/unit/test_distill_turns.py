@@ -26,7 +26,7 @@ from cascade.engine.logprobs import completion_logits, completion_logprobs
 from cascade.engine.scoring import SequenceScores
 from cascade.model.loading import load_policy
 from cascade.runner.distill import DistillData, distill_terms, share_distill
-from cascade.trainer import (
+from cascade.runner.trainer import (
     DistillSamples,
     TeacherTokens,
     distill_batch,

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from cascade.config import ConfigError, parse_cascade_config, parse_watched_metric
-from cascade.evaluation import DomainEval, MetricValue
+from cascade.eval.results import DomainEval, MetricValue
 
 
 def _cfg(

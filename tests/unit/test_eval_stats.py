@@ -9,7 +9,7 @@ from math import comb
 
 import pytest
 
-from cascade.eval_stats import (
+from cascade.eval.stats import (
     bootstrap_interval,
     mean_interval,
     outside_noise,

@@ -24,19 +24,19 @@ from cascade.engine.batch import build_batch
 from cascade.engine.logprobs import completion_logprobs
 from cascade.model.chat import encode_prompts, token_encoder
 from cascade.model.loading import load_policy
-from cascade.rollout import (
+from cascade.rollout.requests import (
     PromptRequest,
     RolloutBatch,
     ScoredChunk,
     chunk_layouts,
-    generate_and_score,
     merge_chunks,
     problem_fields,
 )
+from cascade.rollout.scoring import generate_and_score
+from cascade.runner.trainer import plan_rl, rl_loss
 from cascade.tools.builtin import ToolUnavailable
 from cascade.tools.environment import StepResult, ToolEnvironment
 from cascade.tools.turn_loop import turn_metrics
-from cascade.trainer import plan_rl, rl_loss
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from cascade.eval_stats import wilson_interval
-from cascade.report import (
+from cascade.eval.stats import wilson_interval
+from cascade.runner.report import (
     format_drop,
     format_score,
     load_regression_table,

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from cascade.config import load_cascade_config
-from cascade.embedded import embedded_runner
-from cascade.runner import CascadeRunner
+from cascade.runner.embedded import embedded_runner
 from cascade.runner.local import InPlaceWeights, LocalRollouts, LocalTeachers
+from cascade.runner.loop import CascadeRunner
 from cascade.runner.record import RunRecord, public_db_url, read_record, resume_command, write_record
 from cascade.runner.sources import RolloutSource, TeacherSource, WeightSink
 
@@ -102,10 +102,10 @@ def test_the_worker_calls_the_embedded_rollout_function(monkeypatch: pytest.Monk
     request) with the rollout and reward services behind it, then publish, then ack."""
     import argparse
 
-    import cascade.rollout
+    import cascade.rollout.scoring
     import cascade.transport.redis_streams
     from cascade.resilience import Dependency
-    from cascade.rollout import PromptRequest, ScoredChunk
+    from cascade.rollout.requests import PromptRequest, ScoredChunk
     from services.rollout.worker import Worker
 
     req = PromptRequest(
@@ -120,7 +120,7 @@ def test_the_worker_calls_the_embedded_rollout_function(monkeypatch: pytest.Monk
         events.append("generate_and_score")
         return ScoredChunk(3, 1, "w", 5, [], [], [], [], [], [], attempt="a1")
 
-    monkeypatch.setattr(cascade.rollout, "generate_and_score", fake_generate_and_score)
+    monkeypatch.setattr(cascade.rollout.scoring, "generate_and_score", fake_generate_and_score)
     monkeypatch.setattr(cascade.transport.redis_streams, "publish", lambda *a, **k: events.append("publish"))
     worker = object.__new__(Worker)
     worker.args = argparse.Namespace(name="w", fault_hold_s=0.0, fault_at="before_generate")
@@ -172,7 +172,7 @@ def test_a_verifier_that_cannot_run_fails_the_run_before_anything_is_written(
     """The loop prepares every verifier first (the code sandbox: `SandboxUnavailable` naming what
     the host lacks), so a run without one fails at its start, not at its code stage."""
     from cascade.domains import make_domain
-    from cascade.embedded import embedded_sources
+    from cascade.runner.embedded import embedded_sources
     from cascade.sandbox.pool import SandboxUnavailable
 
     cfg = load_cascade_config(_config(tmp_path, random_tiny_model))
@@ -210,7 +210,7 @@ def test_a_step_past_the_verifier_failure_bound_fails_the_stage(
 
     from cascade.domains import make_domain
     from cascade.domains.base import INFRA_ERROR, RewardVerdict
-    from cascade.embedded import embedded_sources
+    from cascade.runner.embedded import embedded_sources
     from cascade.store import repo
     from cascade.store.db import make_engine, session_scope
     from cascade.store.models import Cascade, Run

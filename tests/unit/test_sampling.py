@@ -18,7 +18,7 @@ from cascade.engine.hf import generate
 from cascade.engine.hf_engine import HFEngine, sample_request
 from cascade.engine.sampling import draw_uniform, inverse_cdf, next_tokens, request_generator
 from cascade.model.loading import Policy, load_policy
-from cascade.rollout import PolicyGenerate
+from cascade.rollout.policy import PolicyGenerate
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 

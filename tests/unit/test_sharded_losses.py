@@ -23,7 +23,7 @@ from cascade.algo import (
 )
 from cascade.engine.batch import build_batch
 from cascade.runner.distill import DistillData, share_distill
-from cascade.trainer import DistillSamples, RlPlan, TeacherTokens
+from cascade.runner.trainer import DistillSamples, RlPlan, TeacherTokens
 
 
 class ThreadRanks:

@@ -1,4 +1,4 @@
-"""Bounds on configs that would exhaust the machine (`cascade.step_memory`): a step that
+"""Bounds on configs that would exhaust the machine (`cascade.runner.step_memory`): a step that
 certainly needs more memory than the learner has is refused by `cascade validate` and by
 `cascade run` before anything is written, naming the field; `learner.memory_gib` overrides.
 And what exhausts the machine anyway: a checkpoint that hits a full disk leaves no `.tmp`, and
@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from cascade.config import CascadeConfig
-from cascade.step_memory import GIB, ModelShape, estimate_steps, step_memory_problems
+from cascade.runner.step_memory import GIB, ModelShape, estimate_steps, step_memory_problems
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -109,8 +109,8 @@ def test_a_checkpoint_that_runs_out_of_disk_leaves_no_tmp(
 ) -> None:
     import torch
 
-    from cascade import checkpoint
     from cascade.model.loading import load_policy
+    from cascade.runner import checkpoint
 
     policy = load_policy(random_tiny_model, "float32")
     gen = torch.Generator().manual_seed(0)
@@ -138,8 +138,8 @@ def test_a_run_whose_checkpoint_hits_a_full_disk_prints_the_resume_command(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from cascade import checkpoint
     from cascade.cli import main
+    from cascade.runner import checkpoint
 
     cfg = data(random_tiny_model, tmp_path, group_size=2, prompts_per_step=2)
     cfg["stages"][0]["advance"] = {"max_steps": 3}
@@ -183,7 +183,7 @@ def test_outages_are_told_from_bugs() -> None:
 def test_a_teacher_or_reference_cut_short_leaves_nothing_that_looks_complete(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from cascade import checkpoint
+    from cascade.runner import checkpoint
 
     def half_then_full(policy: Any, path: Path) -> None:
         path.mkdir(parents=True)

@@ -18,9 +18,9 @@ from sqlalchemy import event, func, select
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from cascade.config import CascadeConfig
-from cascade.evaluation import DomainEval
+from cascade.eval.results import DomainEval
 from cascade.resilience import DependencyDown
-from cascade.run_store import RunStore
+from cascade.runner.run_store import RunStore
 from cascade.store import db
 from cascade.store.leases import Holder
 from cascade.store.models import Checkpoint, Eval, Event, Run, Step

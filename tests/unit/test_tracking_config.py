@@ -13,7 +13,7 @@ import pytest
 from cascade.config import ConfigError, parse_cascade_config, with_tracking
 from cascade.config_diff import training_hash
 from cascade.config_tracking import parse_track_flag
-from cascade.evaluation import DomainEval, MetricValue
+from cascade.eval.results import DomainEval, MetricValue
 from cascade.tracking import STATE_FILE, Tracker
 from cascade.tracking.base import RunContext, mask_password, numeric
 from cascade.tracking.mlflow_backend import metric_key

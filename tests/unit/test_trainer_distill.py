@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from cascade.config import DistillConfig
-from cascade.trainer import DistillSamples, distill_term
+from cascade.runner.trainer import DistillSamples, distill_term
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7, 1.7])

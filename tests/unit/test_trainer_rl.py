@@ -8,8 +8,8 @@ import torch
 from cascade.algo import GrpoLossInput, grpo_loss
 from cascade.config import GrpoConfig
 from cascade.domains.base import INFRA_ERROR, OK, WRONG_ANSWER, Problem, RewardVerdict
-from cascade.rollout import RolloutBatch
-from cascade.trainer import VerifierFailureError, check_verifier_failures, rl_term
+from cascade.rollout.requests import RolloutBatch
+from cascade.runner.trainer import VerifierFailureError, check_verifier_failures, rl_term
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,9 @@ from cascade.engine.base import SamplingSettings, TurnStep, VersionedGeneration
 from cascade.engine.hf_engine import HFEngine
 from cascade.model.chat import encode_prompts, token_encoder
 from cascade.model.loading import Policy, load_policy
-from cascade.rollout import GenerateFn, PolicyGenerate, PromptRequest, generate_and_score, problem_fields
+from cascade.rollout.policy import PolicyGenerate
+from cascade.rollout.requests import GenerateFn, PromptRequest, problem_fields
+from cascade.rollout.scoring import generate_and_score
 from cascade.tools.environment import CallOutcome, StepResult, ToolEnvironment
 from cascade.tools.turn_loop import TurnRollout, run_turns
 from cascade.transport.rollout_client import from_response, generate_request

@@ -4,7 +4,7 @@ The completions come from a `GenerateFn`: the policy in this process (embedded r
 rollout service holding the learner's current weights (distributed run). Same prompts, same
 batches, same decoding, same sampling seed: the same scores either way.
 
-Per stage, `eval.metrics` chooses what is reported (see `cascade.eval_stats` for the
+Per stage, `eval.metrics` chooses what is reported (see `cascade.eval.stats` for the
 estimators and intervals): `greedy` (one greedy completion per prompt, the default), `avg@k`
 and `pass@k` (from `eval.samples` sampled completions per prompt). The first metric is the
 eval's `score`; with the default config that is exactly the greedy mean reward, as before.
@@ -13,8 +13,6 @@ eval's `score`; with the default config that is exactly the greedy mean reward, 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import asdict, dataclass, field
-from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
@@ -22,46 +20,12 @@ from cascade.config import ChatConfig, EvalConfig, metric_k
 from cascade.domains.agent import prompt_tools, turn_setup
 from cascade.domains.base import Domain, Problem, score_for_eval
 from cascade.engine.base import SamplingSettings
-from cascade.eval_stats import mean_interval, pass_at_k, ratio_interval
+from cascade.eval.results import DomainEval, MetricValue
+from cascade.eval.stats import mean_interval, pass_at_k, ratio_interval
 from cascade.model.chat import encode_prompts, token_encoder
-from cascade.rollout import GenerateFn, request_seed
+from cascade.rollout.requests import GenerateFn, request_seed
 from cascade.tools.environment import EpisodeStats
 from cascade.tools.turn_loop import run_turns
-
-
-@dataclass(frozen=True)
-class MetricValue:
-    """One eval metric of one domain: its value, its interval and how the interval was made."""
-
-    value: float
-    low: float
-    high: float
-    n: int
-    """Prompts the value averages over (infra errors left out)."""
-    method: str
-    """"wilson" (0/1 outcome per prompt) or "bootstrap" (mean of per-prompt values)."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass
-class DomainEval:
-    domain: str
-    score: float  # the primary metric (greedy by default: accuracy for 0/1 rewards)
-    n: int
-    reasons: dict[str, int]
-    metrics: dict[str, MetricValue] = field(default_factory=dict)
-    """Every configured metric (the primary one included), with its interval."""
-    primary: str = "greedy"
-
-    def metric(self, name: str | None) -> float:
-        """The value of metric `name` (None: the primary score)."""
-        if name is None or name == self.primary:
-            return self.score
-        if name not in self.metrics:
-            raise KeyError(f"eval of {self.domain!r} has no metric {name!r} (has {sorted(self.metrics)})")
-        return self.metrics[name].value
 
 
 def _generate_and_score(

@@ -32,7 +32,7 @@ from cascade.config import DistillConfig, GrpoConfig
 from cascade.engine.batch import SequenceBatch, build_batch
 from cascade.engine.logprobs import completion_logits, completion_logprobs, gather_logprobs
 from cascade.engine.scoring import SequenceScores
-from cascade.rollout import RolloutBatch
+from cascade.rollout.requests import RolloutBatch
 from cascade.tools.turn_loop import turn_metrics
 
 

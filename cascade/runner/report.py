@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from cascade.eval_stats import Interval
+from cascade.eval.stats import Interval
 from cascade.store.history import (
     RegressionRow,
     RegressionTable,

@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session
 
 from cascade.config import CascadeConfig
 from cascade.config_diff import training_diff
-from cascade.evaluation import DomainEval
+from cascade.eval.results import DomainEval
 from cascade.resilience import Dependency
 from cascade.store import db, leases, repo
 from cascade.store.leases import Holder, LeaseHeld
@@ -462,7 +462,7 @@ class RunStore:
 
     @_retried
     def write_report(self, out_dir: Path) -> None:
-        from cascade.report import write_report
+        from cascade.runner.report import write_report
 
         _, run_id = self._ids()
         with db.session_scope(self.engine) as s:

@@ -14,9 +14,10 @@ from cascade.accel import resolve_learner
 from cascade.config import CascadeConfig
 from cascade.domains import make_domain
 from cascade.domains.base import Domain
-from cascade.run_state import RunDirError, RunResult
-from cascade.runner import CascadeRunner, RunSources
 from cascade.runner.local import InPlaceWeights, LocalRollouts, LocalTeachers
+from cascade.runner.loop import CascadeRunner
+from cascade.runner.run_state import RunDirError, RunResult
+from cascade.runner.sources import RunSources
 
 __all__ = ["RunDirError", "RunResult", "embedded_runner", "embedded_sources"]
 

@@ -1,10 +1,8 @@
-"""The rollout side of a step: generation requests, generate-and-score, the batch merge.
+"""What a step's rollout is made of: the generation request, the scored chunk a request comes
+back as, the step's batch merged from its chunks, and the one seed rule for every request.
 
-A step's prompts become `PromptRequest`s (`cascade.runner.planning` plans them, one seed rule);
-`generate_and_score` turns one request into a `ScoredChunk` with whatever engine and verifier it
-is given (the embedded run passes the policy in this process and the domain objects, a rollout
-worker passes the rollout and reward services); `merge_chunks` makes the step's `RolloutBatch`
-from its requests' chunks. The same three functions serve both modes.
+These cross the prompts and chunks streams as JSON, so the embedded run and a rollout worker build
+and read the same objects.
 """
 
 from __future__ import annotations
@@ -18,14 +16,8 @@ from typing import Any
 import torch
 
 from cascade.algo.turn_mask import TurnLayout
-from cascade.config import ChatConfig
-from cascade.domains.base import INFRA_ERROR, TRUNCATED, Problem, RewardVerdict
+from cascade.domains.base import Problem, RewardVerdict
 from cascade.engine.base import SamplingSettings, VersionedGeneration
-from cascade.engine.hf import Generation, generate
-from cascade.engine.hf_engine import sample_request
-from cascade.engine.prefix_kv import DEFAULT_MAX_BYTES, TurnKV, weights_stamp
-from cascade.model.chat import encode_prompts
-from cascade.model.loading import Policy
 from cascade.tools.environment import EpisodeStats
 
 GenerateFn = Callable[[list[list[int]], int, SamplingSettings], VersionedGeneration]
@@ -160,97 +152,6 @@ def problem_fields(p: Problem) -> dict[str, Any]:
     return {"id": p.id, "domain": p.domain, "prompt": p.prompt, "answer": p.answer, "meta": p.meta}
 
 
-def generate_and_score(
-    req: PromptRequest,
-    *,
-    generate_fn: GenerateFn,
-    decode: Callable[[list[list[int]]], list[str]],
-    score: ScoreFn,
-    worker: str,
-    encode: Callable[[str, bool], list[int]] | None = None,
-) -> ScoredChunk:
-    """Generate one request's groups, score them, apply the overlong rule: the rollout worker's
-    whole job, and the embedded run's rollout of one request. Agent problems are multi-turn
-    (`cascade.tools.turn_loop`, which needs `encode`: `(text, literal) -> ids`)."""
-    import time
-
-    t0 = time.perf_counter()
-    problems = [p for p in req.problem_objects() for _ in range(req.group_size)]
-    layouts: list[list[list[int]]] = []
-    episode_counts: list[dict[str, float]] = []
-    unavailable: list[str | None] = []
-    turns = _turn_setup(req, problems)
-    if turns is None:
-        result = generate_fn(req.prompt_ids, req.group_size, req.sampling())
-        gen, version = result.generation, result.version
-        texts = decode(gen.completion_ids)
-    else:
-        if encode is None:
-            raise ValueError(f"domain {req.domain}: multi-turn rollouts need an encoder")
-        from cascade.tools.turn_loop import run_turns
-
-        seed = req.seed
-        episodes = run_turns(
-            req.prompt_ids,
-            req.group_size,
-            req.sampling(),
-            generate_fn=generate_fn,
-            decode=decode,
-            encode=encode,
-            environments=turns.environments,
-            fmt=turns.format,
-            thinking=req.thinking,
-            max_turns=turns.max_turns,
-            round_seed=lambda r: None if seed is None else request_seed(seed, "turn", r),
-            keep_kv=turns.keep_kv,
-        )
-        gen = Generation(episodes.completion_ids, episodes.logprobs, episodes.finish_reasons)
-        version, texts = episodes.version, episodes.texts
-        layouts = [[[n, int(m)] for n, m in lay.runs] for lay in episodes.layouts]
-        episode_counts = [s.as_metrics() for s in episodes.stats]
-        unavailable = episodes.unavailable
-    t_gen = time.perf_counter()
-    verdicts = apply_overlong(
-        score(req.domain, problems, texts, req.reward_config), gen.finish_reasons, req.overlong
-    )
-    if any(unavailable):  # a tool the infrastructure could not run: never a reward the model earned
-        verdicts = [
-            RewardVerdict(0.0, INFRA_ERROR, why) if why else v
-            for v, why in zip(verdicts, unavailable, strict=True)
-        ]
-    return ScoredChunk(
-        batch=req.batch,
-        index=req.index,
-        worker=worker,
-        engine_version=version,
-        sample_ids=req.sample_ids,
-        completion_ids=gen.completion_ids,
-        logprobs=gen.logprobs,
-        finish_reasons=gen.finish_reasons,
-        texts=texts,
-        verdicts=[(v.reward, v.reason, v.detail) for v in verdicts],
-        timings={"generate_s": t_gen - t0, "score_s": time.perf_counter() - t_gen},
-        attempt=req.attempt,
-        layouts=layouts,
-        episodes=episode_counts,
-    )
-
-
-def _turn_setup(req: PromptRequest, problems: list[Problem]) -> Any:
-    return multi_turn_setup(req.domain, problems, req.reward_config)
-
-
-def multi_turn_setup(domain: str, problems: list[Problem], reward_config: dict[str, Any] | None) -> Any:
-    """The turn loop's environments and format when `domain`'s problems are multi-turn (the
-    agent domain's store tasks, one fresh environment per episode in `problems`), else None:
-    one rule for RL requests and distillation samples alike."""
-    if domain != "agent":
-        return None
-    from cascade.domains.agent import turn_setup
-
-    return turn_setup(problems, reward_config)
-
-
 def merge_chunks(
     requests: list[PromptRequest], chunks: list[ScoredChunk], *, policy_version: int, temperature: float
 ) -> RolloutBatch:
@@ -298,82 +199,3 @@ def request_seed(seed: int, *parts: object) -> int:
     identity (e.g. `"rl", batch number, request index`): the same in every process."""
     digest = hashlib.blake2b(repr((seed, *parts)).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") & (2**63 - 1)
-
-
-def apply_overlong(
-    verdicts: list[RewardVerdict], finish_reasons: list[str], overlong: str
-) -> list[RewardVerdict]:
-    """`overlong: zero`: a completion cut by the token budget scores 0 (infra errors stay)."""
-    if overlong != "zero":
-        return verdicts
-    return [
-        RewardVerdict(0.0, TRUNCATED, "cut by the token budget")
-        if fin == "length" and v.reason != INFRA_ERROR
-        else v
-        for v, fin in zip(verdicts, finish_reasons, strict=True)
-    ]
-
-
-class PolicyGenerate:
-    """The policy in this process as a `GenerateFn`, through the HF engine's sampling path
-    (`sample_request`): a request with a seed samples from a generator seeded with it (the
-    same tokens as the rollout service's HF engine), one without from `generator`. Multi-turn
-    rounds keep and reuse their keys/values in `turns` as the HF engine does (the same default
-    bound; `cascade.engine.prefix_kv`)."""
-
-    def __init__(
-        self,
-        policy: Policy,
-        *,
-        generator: torch.Generator | None = None,
-        version: Callable[[], int] = lambda: 0,
-        turn_kv_bytes: int = DEFAULT_MAX_BYTES,
-    ) -> None:
-        self.policy = policy
-        self.generator = generator
-        self.version = version
-        self.turns = TurnKV(turn_kv_bytes)
-
-    def __call__(self, prompts: list[list[int]], n: int, sampling: SamplingSettings) -> VersionedGeneration:
-        model, version = self.policy.model, self.version()
-        out = sample_request(
-            model,
-            prompts,
-            n,
-            sampling,
-            eos_ids=self.policy.eos_token_ids,
-            pad_id=self.policy.pad_token_id,
-            generator=self.generator,
-            turns=self.turns,
-            stamp=(version, *weights_stamp(model)),
-        )
-        return VersionedGeneration(generation=out, version=version, n=n)
-
-
-def sample_completions(
-    policy: Policy,
-    chat: ChatConfig,
-    problems: list[Problem],
-    *,
-    n: int,
-    max_new_tokens: int,
-    temperature: float,
-    top_p: float,
-    thinking: bool,
-    generator: torch.Generator | None,
-    greedy: bool = False,
-) -> tuple[list[list[int]], Generation]:
-    prompt_ids = encode_prompts(policy.tokenizer, chat, [p.prompt for p in problems], thinking)
-    repeated = [ids for ids in prompt_ids for _ in range(n)]
-    gen = generate(
-        policy.model,
-        repeated,
-        max_new_tokens=max_new_tokens,
-        eos_ids=policy.eos_token_ids,
-        pad_id=policy.pad_token_id,
-        temperature=temperature,
-        top_p=top_p,
-        greedy=greedy,
-        generator=generator,
-    )
-    return repeated, gen

@@ -1,0 +1,1 @@
+"""Evaluation: the measured numbers (intervals, pass@k) and the eval of one domain."""
