@@ -21,7 +21,8 @@ from cascade.model.loading import load_policy
 from cascade.rollout.policy import PolicyGenerate
 from cascade.rollout.requests import PromptRequest, merge_chunks, problem_fields
 from cascade.rollout.scoring import generate_and_score
-from cascade.runner.trainer import LossTerm, apply_update, rl_term
+from cascade.runner.optimizer_step import LossTerm, apply_update
+from cascade.runner.rl import rl_term
 
 STEPS = 8
 

@@ -74,8 +74,8 @@ PY="$(pick)" || exit 2
 echo "gpu_check: using $PY ($("$PY" -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'))" >&2
 status=0
 "$PY" bench/gpu_check.py "$@" || status=$?
-if ! "$PY" -c 'import cascade.accel, cascade.runner.trainer' 2>/dev/null; then
-    echo "gpu_check: $PY cannot import cascade.runner.trainer (pydantic/pyyaml missing?): learner check skipped" >&2
+if ! "$PY" -c 'import cascade.accel, cascade.runner.optimizer_step' 2>/dev/null; then
+    echo "gpu_check: $PY cannot import cascade.runner.optimizer_step (pydantic/pyyaml missing?): learner check skipped" >&2
     exit $(( status != 0 ? status : 4 ))
 fi
 learner=0

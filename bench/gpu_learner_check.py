@@ -40,7 +40,7 @@ def main() -> int:
     from cascade.config import LearnerConfig
     from cascade.engine.batch import build_batch
     from cascade.engine.logprobs import completion_logprobs
-    from cascade.runner.trainer import LossTerm, apply_update
+    from cascade.runner.optimizer_step import LossTerm, apply_update
 
     vocab = 384
     gen = torch.Generator().manual_seed(0)

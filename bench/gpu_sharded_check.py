@@ -81,10 +81,10 @@ def make_batch(args: argparse.Namespace) -> tuple[Any, list[Any], Any]:
     """(RL plan, distillation data, stage): the same on every rank (seeded, computed on the CPU)."""
     from bench.learner_scale import _tokens, synthetic_plan
     from cascade.config import StageConfig
+    from cascade.distill.samples import DistillSamples, local_teacher_tokens
     from cascade.engine.batch import build_batch
     from cascade.engine.logprobs import completion_logprobs
     from cascade.runner.distill import DistillData
-    from cascade.runner.trainer import DistillSamples, local_teacher_tokens
 
     stage = StageConfig.model_validate(
         {
@@ -131,12 +131,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     import torch.distributed as dist
+    from cascade.parallel.sharded import RankShard
 
     from cascade.accel import resolve_learner
     from cascade.config import LearnerConfig
     from cascade.parallel.fsdp import shard_policy
     from cascade.parallel.launch import start_rank
-    from cascade.parallel.sharded import RankShard
     from cascade.parallel.world import leave_world
     from cascade.runner.frozen_models import FrozenModelCache
     from cascade.runner.update import UpdateRequest, run_update, share_all

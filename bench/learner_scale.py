@@ -97,7 +97,7 @@ def _tokens(g: torch.Generator, vocab: int, lo: int, hi: int) -> list[int]:
 
 
 def synthetic_plan(prompts: int, group: int, tokens: int, vocab: int, seed: int = 0) -> Any:
-    from cascade.runner.trainer import RlPlan
+    from cascade.runner.rl import RlPlan
 
     g = torch.Generator().manual_seed(seed)
     rows_p, rows_c, groups, adv = [], [], [], []
@@ -125,11 +125,11 @@ def synthetic_plan(prompts: int, group: int, tokens: int, vocab: int, seed: int 
 def synthetic_distill(model_dir: Path, rows: int, tokens: int, vocab: int, stage: Any) -> list[Any]:
     """One teacher's `sampled` term: `rows` student sequences, their rollout log-probs the
     student's own (on-policy: every token kept), scored by the perturbed model as the teacher."""
+    from cascade.distill.samples import DistillSamples, local_teacher_tokens
     from cascade.engine.batch import build_batch
     from cascade.engine.logprobs import completion_logprobs
     from cascade.model.loading import load_model_weights_only
     from cascade.runner.distill import DistillData
-    from cascade.runner.trainer import DistillSamples, local_teacher_tokens
 
     g = torch.Generator().manual_seed(1)
     prompts = [_tokens(g, vocab, 12, 28) for _ in range(rows)]
@@ -247,12 +247,12 @@ def one_rank(args: argparse.Namespace, batch: Path) -> dict[str, Any]:
 def rank_worker(args: argparse.Namespace) -> int:
     """Under torchrun: every rank a `RankShard` on its share of the batch; rank 0 writes JSON."""
     import torch.distributed as dist
+    from cascade.parallel.sharded import RankShard
 
     from cascade.accel import resolve_learner
     from cascade.config import LearnerConfig
     from cascade.model.loading import load_policy
     from cascade.parallel.launch import start_rank
-    from cascade.parallel.sharded import RankShard
     from cascade.parallel.world import leave_world
     from cascade.runner.update import share_all
 

@@ -106,7 +106,8 @@ def cascade_worker(model_dir: str, steps: int, keep_zero_variance: bool) -> None
     from cascade.rollout.policy import PolicyGenerate
     from cascade.rollout.requests import PromptRequest, merge_chunks, problem_fields
     from cascade.rollout.scoring import generate_and_score
-    from cascade.runner.trainer import apply_update, rl_term
+    from cascade.runner.optimizer_step import apply_update
+    from cascade.runner.rl import rl_term
 
     problems, _, domain = _problems_and_texts(model_dir)
     policy = load_policy(model_dir)

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from cascade.config import DistillConfig
+from cascade.distill.samples import DistillSamples, TeacherTokens, local_teacher_tokens
 from cascade.domains.base import Domain, Problem, RewardVerdict
 from cascade.engine.base import SamplingSettings, VersionedGeneration
 from cascade.engine.batch import SequenceBatch
@@ -24,7 +25,6 @@ from cascade.rollout.policy import PolicyGenerate
 from cascade.rollout.requests import PromptRequest, ScoredChunk
 from cascade.rollout.scoring import generate_and_score
 from cascade.runner.frozen_models import FrozenModelCache
-from cascade.runner.trainer import DistillSamples, TeacherTokens, local_teacher_tokens
 
 
 class LocalRollouts:

@@ -54,11 +54,11 @@ from cascade.runner.lease import LeaseKeeper
 from cascade.runner.planning import distill_seed, plan_requests
 from cascade.runner.progress import RunProgress
 from cascade.runner.record import RunRecord, read_record, write_record
+from cascade.runner.rl import VerifierFailureError, plan_rl
 from cascade.runner.run_state import RunDirError, RunResult, RunState, rng_state_from_json, rng_state_to_json
 from cascade.runner.run_store import RunStore
 from cascade.runner.sources import RunSources
 from cascade.runner.step_memory import step_memory_problems
-from cascade.runner.trainer import VerifierFailureError, plan_rl
 from cascade.runner.training import PolicyTrainer, make_trainer
 from cascade.runner.update import UpdateRequest
 from cascade.store.leases import Holder

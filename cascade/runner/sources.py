@@ -18,11 +18,11 @@ from typing import Any, Protocol
 import torch
 
 from cascade.config import DistillConfig
+from cascade.distill.samples import DistillSamples, TeacherTokens
 from cascade.engine.base import SamplingSettings, VersionedGeneration
 from cascade.engine.batch import SequenceBatch
 from cascade.model.loading import Policy
 from cascade.rollout.requests import PromptRequest, ScoredChunk
-from cascade.runner.trainer import DistillSamples, TeacherTokens
 
 
 class RolloutSource(Protocol):

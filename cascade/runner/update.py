@@ -23,7 +23,8 @@ from cascade.algo.masking import SumOverRanks
 from cascade.config import StageConfig
 from cascade.runner.distill import DistillData, distill_terms, share_distill
 from cascade.runner.frozen_models import FrozenModelCache
-from cascade.runner.trainer import RlPlan, apply_update, rl_loss
+from cascade.runner.optimizer_step import apply_update
+from cascade.runner.rl import RlPlan, rl_loss
 
 
 @dataclass

@@ -35,13 +35,13 @@ import grpc
 import torch
 
 from cascade.config import DistillConfig
+from cascade.distill.samples import DistillSamples, TeacherTokens, remote_teacher_tokens
 from cascade.engine.base import SamplingSettings, VersionedGeneration
 from cascade.engine.batch import SequenceBatch
 from cascade.model.loading import Policy
 from cascade.resilience import Dependency
 from cascade.rollout.requests import PromptRequest, ScoredChunk
 from cascade.runner.checkpoint import save_model_dir
-from cascade.runner.trainer import DistillSamples, TeacherTokens, remote_teacher_tokens
 from cascade.transport.channel import ServiceUnavailable, outage_aware
 from cascade.transport.redis_streams import TRANSIENT, StreamGroup, StreamKeys, connect, publish, reset
 from cascade.transport.teacher_client import TeacherClient, TeacherReply

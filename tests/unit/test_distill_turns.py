@@ -22,18 +22,17 @@ from cascade.algo.distill import (
 )
 from cascade.algo.turn_mask import TurnLayout
 from cascade.config import DistillConfig, StageConfig
-from cascade.engine.logprobs import completion_logits, completion_logprobs
-from cascade.engine.scoring import SequenceScores
-from cascade.model.loading import load_policy
-from cascade.runner.distill import DistillData, distill_terms, share_distill
-from cascade.runner.trainer import (
+from cascade.distill.samples import (
     DistillSamples,
     TeacherTokens,
     distill_batch,
-    distill_loss_term,
     local_teacher_tokens,
     remote_teacher_tokens,
 )
+from cascade.engine.logprobs import completion_logits, completion_logprobs
+from cascade.engine.scoring import SequenceScores
+from cascade.model.loading import load_policy
+from cascade.runner.distill import DistillData, distill_loss_term, distill_terms, share_distill
 
 LAYOUT, IDS = TurnLayout.of_pieces([([11, 12, 13], True), ([90, 91], False), ([14, 15], True)])
 MODEL = [0, 1, 2, 5, 6]

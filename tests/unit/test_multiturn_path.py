@@ -33,7 +33,7 @@ from cascade.rollout.requests import (
     problem_fields,
 )
 from cascade.rollout.scoring import generate_and_score
-from cascade.runner.trainer import plan_rl, rl_loss
+from cascade.runner.rl import plan_rl, rl_loss
 from cascade.tools.builtin import ToolUnavailable
 from cascade.tools.environment import StepResult, ToolEnvironment
 from cascade.tools.turn_loop import turn_metrics

@@ -14,8 +14,8 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cascade.config import ResilienceConfig
+from cascade.distill.samples import DistillSamples
 from cascade.resilience import Dependency, DependencyDown
-from cascade.runner.trainer import DistillSamples
 from cascade.transport.channel import ServiceUnavailable
 from cascade.up import free_port
 from services.learner.learner import ServiceOutages

@@ -21,9 +21,10 @@ from cascade.algo import (
     sampled_distill_loss,
     topk_distill_loss,
 )
+from cascade.distill.samples import DistillSamples, TeacherTokens
 from cascade.engine.batch import build_batch
 from cascade.runner.distill import DistillData, share_distill
-from cascade.runner.trainer import DistillSamples, RlPlan, TeacherTokens
+from cascade.runner.rl import RlPlan
 
 
 class ThreadRanks:

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from cascade.config import DistillConfig
-from cascade.runner.trainer import DistillSamples, distill_term
+from cascade.distill.samples import DistillSamples
+from cascade.runner.distill import distill_term
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7, 1.7])

@@ -9,7 +9,7 @@ from cascade.algo import GrpoLossInput, grpo_loss
 from cascade.config import GrpoConfig
 from cascade.domains.base import INFRA_ERROR, OK, WRONG_ANSWER, Problem, RewardVerdict
 from cascade.rollout.requests import RolloutBatch
-from cascade.runner.trainer import VerifierFailureError, check_verifier_failures, rl_term
+from cascade.runner.rl import VerifierFailureError, check_verifier_failures, rl_term
 
 
 @pytest.fixture(scope="module")

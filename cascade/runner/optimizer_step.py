@@ -1,0 +1,118 @@
+"""One learner update from its loss terms: `L = L_RL + lambda(t) * sum_d w_d * L_distill(d)`.
+
+The two terms are backpropagated one after the other so the gradient norm of each is measured
+(their ratio tells whether distillation or RL dominates the update), then the gradient is
+clipped (over every rank's shards for a sharded model) and the optimizer steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch.distributed.tensor import DTensor
+from transformers import PreTrainedModel
+
+from cascade.algo.masking import SumOverRanks
+from cascade.engine.batch import SequenceBatch, build_batch
+
+
+@dataclass
+class LossTerm:
+    loss: torch.Tensor | None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def placeholder_batch(pad_id: int) -> SequenceBatch:
+    """One padding token with nothing counted: the forward pass of a rank whose share of a term
+    is empty (every rank of a sharded model must run each forward and backward together)."""
+    sb = build_batch([[pad_id]], [[pad_id]], pad_id)
+    sb.completion_mask.zero_()
+    return sb
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a sharded (DTensor) parameter or gradient; a plain tensor as is."""
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def _grad_snapshot(params: list[torch.nn.Parameter]) -> list[torch.Tensor]:
+    return [
+        _local(p.grad).detach().clone() if p.grad is not None else torch.zeros_like(_local(p)) for p in params
+    ]
+
+
+def _norm(tensors: list[torch.Tensor], reduce: SumOverRanks | None = None) -> float:
+    squares = torch.stack([(t.float() ** 2).sum() for t in tensors]).sum()
+    return float(torch.sqrt(squares if reduce is None else reduce(squares)))
+
+
+def _clip_sharded(params: list[torch.nn.Parameter], max_norm: float, reduce: SumOverRanks) -> float:
+    """`clip_grad_norm_` over gradients sharded across ranks: the norm of the whole gradient
+    (every rank's shards), the same scale applied on every rank."""
+    grads = [_local(p.grad) for p in params if p.grad is not None]
+    total = _norm(grads, reduce)
+    scale = min(max_norm / (total + 1e-6), 1.0)
+    for g in grads:
+        g.mul_(scale)
+    return total
+
+
+def apply_update(
+    model: PreTrainedModel,
+    optimizer: torch.optim.Optimizer,
+    *,
+    rl: LossTerm,
+    distill: list[tuple[float, LossTerm]],
+    lam: float,
+    max_grad_norm: float,
+    lr: float,
+    reduce: SumOverRanks | None = None,
+) -> dict[str, float]:
+    """Backpropagate both terms, clip, step. Returns gradient-norm metrics. With `reduce`, the
+    model is sharded and each term is this rank's part of the global loss: norms, clipping and
+    the reported losses are over all ranks."""
+    total = reduce or (lambda t: t)
+
+    def trained() -> list[torch.nn.Parameter]:
+        # read after each backward: between a forward and its backward, FSDP2's root module
+        # holds unsharded parameters in place of the sharded ones the optimizer updates
+        return [p for p in model.parameters() if p.requires_grad]
+
+    if reduce is None:
+        # A sharded model's gradients are cleared before its forward passes (`run_update`):
+        # after a forward, FSDP2's root holds unsharded parameters, and clearing those would
+        # leave the sharded gradients of the last step to accumulate into this one.
+        optimizer.zero_grad(set_to_none=True)
+    metrics: dict[str, float] = {"lr": lr, "lambda": lam}
+    rl_norm = 0.0
+    rl_grads: list[torch.Tensor] | None = None
+    if rl.loss is not None:
+        rl.loss.backward()
+        rl_grads = _grad_snapshot(trained())
+        rl_norm = _norm(rl_grads, reduce)
+        metrics["loss_rl"] = float(total(rl.loss.detach()))
+    distill_losses = [w * term.loss for w, term in distill if term.loss is not None]
+    if distill_losses and lam > 0:
+        total_distill = torch.stack(distill_losses).sum()
+        (lam * total_distill).backward()
+        after = _grad_snapshot(trained())
+        d_grads = after if rl_grads is None else [a - b for a, b in zip(after, rl_grads, strict=True)]
+        d_norm = _norm(d_grads, reduce)
+        metrics["loss_distill"] = float(total(total_distill.detach()))
+        metrics["grad_norm_distill"] = d_norm
+        if rl_norm > 0:
+            metrics["grad_norm_ratio_distill_rl"] = d_norm / rl_norm
+    metrics["grad_norm_rl"] = rl_norm
+    if rl.loss is None and not (distill_losses and lam > 0):
+        metrics["skipped_update"] = 1.0
+        return metrics
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    if reduce is None:
+        metrics["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(trained(), max_grad_norm))
+    else:
+        metrics["grad_norm"] = _clip_sharded(trained(), max_grad_norm, reduce)
+    optimizer.step()
+    metrics["skipped_update"] = 0.0
+    return metrics

@@ -1,0 +1,220 @@
+"""The RL term of a learner update: which sequences the GRPO loss trains on (`plan_rl`, the
+verifier-failure bound, a sharded learner's rank shares) and the loss over them (`rl_loss`)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel
+
+from cascade.algo import GrpoLossInput, group_advantages, grpo_loss, zero_variance_mask
+from cascade.algo.masking import SumOverRanks
+from cascade.algo.turn_mask import TurnLayout, model_token_mask
+from cascade.config import GrpoConfig
+from cascade.engine.batch import build_batch
+from cascade.engine.logprobs import completion_logprobs
+from cascade.rollout.requests import RolloutBatch
+from cascade.runner.optimizer_step import LossTerm, placeholder_batch
+from cascade.tools.turn_loop import turn_metrics
+
+
+def _padded_logprobs(rows: list[list[float]], width: int) -> torch.Tensor:
+    out = torch.zeros((len(rows), width))
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = torch.tensor(row[:width])
+    return out
+
+
+class VerifierFailureError(RuntimeError):
+    """A step whose share of failed-verifier (`infra_error`) samples passed the configured
+    bound (`grpo.max_verifier_failure_fraction`): training on the rest would learn from noise,
+    so the stage should stop. `causes` are the most frequent infra-error details, with counts."""
+
+    def __init__(
+        self, fraction: float, bound: float, n_failed: int, n_total: int, causes: list[tuple[str, int]]
+    ) -> None:
+        self.fraction = fraction
+        self.bound = bound
+        self.n_failed = n_failed
+        self.n_total = n_total
+        self.causes = causes
+        top = "; ".join(f"{n}x {detail or '(no detail)'}" for detail, n in causes) or "none recorded"
+        super().__init__(
+            f"verifier failed on {n_failed} of {n_total} samples ({fraction:.1%}), above the bound "
+            f"max_verifier_failure_fraction={bound:g}; top causes: {top}"
+        )
+
+
+def check_verifier_failures(batch: RolloutBatch, bound: float, *, top: int = 3) -> float:
+    """The step's share of failed-verifier samples; raises `VerifierFailureError` above `bound`."""
+    failed = [v.detail for v in batch.verdicts if v.is_infra_error]
+    total = len(batch.verdicts)
+    fraction = len(failed) / total if total else 0.0
+    if fraction > bound:
+        causes = Counter(detail[:200] for detail in failed).most_common(top)
+        raise VerifierFailureError(fraction, bound, len(failed), total, causes)
+    return fraction
+
+
+@dataclass
+class RlPlan:
+    """The RL term's rows, chosen from the whole batch before any forward pass (advantages and
+    the zero-variance filter need every group): each kept sequence with its group, advantage and
+    behaviour log-probs. `metrics` describe the whole batch. A sharded learner gives each rank a
+    `share` of whole groups."""
+
+    metrics: dict[str, float]
+    prompt_ids: list[list[int]]
+    completion_ids: list[list[int]]
+    group_ids: list[int]
+    advantages: list[float]
+    old_logprobs: list[list[float]] | None
+    """None: the batch is on-policy (made by the weights being trained)."""
+    temperature: float
+    global_rows: int
+    """Rows of the whole plan (a share's own rows may be none while other ranks have some)."""
+    layouts: list[TurnLayout] | None = None
+    """Multi-turn rows: only the model's tokens are trained (`model_token_mask`)."""
+
+    @property
+    def empty(self) -> bool:
+        return not self.group_ids
+
+    def share(self, rank: int, size: int) -> RlPlan:
+        """Rank `rank`'s part of the rows: a contiguous block of whole groups (groups differ in
+        size after filtering, so blocks are cut by group, never inside one)."""
+        groups = sorted(set(self.group_ids))
+        mine = set(groups[len(groups) * rank // size : len(groups) * (rank + 1) // size])
+        rows = [i for i, gid in enumerate(self.group_ids) if gid in mine]
+        return RlPlan(
+            metrics=self.metrics,
+            prompt_ids=[self.prompt_ids[i] for i in rows],
+            completion_ids=[self.completion_ids[i] for i in rows],
+            group_ids=[self.group_ids[i] for i in rows],
+            advantages=[self.advantages[i] for i in rows],
+            old_logprobs=None if self.old_logprobs is None else [self.old_logprobs[i] for i in rows],
+            temperature=self.temperature,
+            global_rows=self.global_rows,
+            layouts=None if self.layouts is None else [self.layouts[i] for i in rows],
+        )
+
+
+def plan_rl(
+    batch: RolloutBatch, cfg: GrpoConfig, *, current_version: int, drop_zero_variance: bool
+) -> RlPlan:
+    """Which sequences the GRPO term trains on, with their advantages.
+
+    Samples whose verifier failed take no part in their group's statistics and get no
+    gradient; a step with more of them than `cfg.max_verifier_failure_fraction` raises
+    `VerifierFailureError` before any forward pass.
+    """
+    g = batch.group_size
+    failure_fraction = check_verifier_failures(batch, cfg.max_verifier_failure_fraction)
+    rewards = batch.rewards()  # [N, G]
+    valid = batch.valid_mask()  # [N*G]
+    adv = group_advantages(rewards, valid.view_as(rewards)).flatten()  # [N*G]
+    zero_var = zero_variance_mask(rewards, valid.view_as(rewards))  # [N]
+    keep = valid.clone()
+    if drop_zero_variance:
+        keep &= (~zero_var).repeat_interleave(g)
+    if cfg.overlong == "mask":
+        keep &= ~batch.truncated_mask()
+    valid_rewards = rewards.flatten()[valid]
+    metrics = {
+        "reward_mean": float(valid_rewards.mean()) if valid_rewards.numel() else 0.0,
+        "verifier_failure_fraction": failure_fraction,
+        "zero_variance_groups": float(zero_var.float().mean()),
+        "truncated_fraction": float(batch.truncated_mask().float().mean()),
+        "completion_tokens_mean": sum(len(c) for c in batch.completion_ids) / len(batch.completion_ids),
+        "kept_sequences": float(keep.sum()),
+        **(
+            {"model_tokens_mean": sum(lay.n_model for lay in batch.layouts) / len(batch.layouts)}
+            if batch.layouts
+            else {}
+        ),
+        **turn_metrics(batch.episodes),
+        "staleness": float(current_version - batch.policy_version),
+    }
+    idx = torch.nonzero(keep).flatten().tolist()
+    return RlPlan(
+        metrics=metrics,
+        prompt_ids=[batch.prompt_ids[i] for i in idx],
+        completion_ids=[batch.completion_ids[i] for i in idx],
+        group_ids=[i // g for i in idx],
+        advantages=adv[idx].tolist(),
+        old_logprobs=None if batch.policy_version == current_version else [batch.logprobs[i] for i in idx],
+        temperature=batch.temperature,
+        global_rows=len(idx),
+        layouts=[batch.layouts[i] for i in idx] if batch.layouts else None,
+    )
+
+
+def rl_loss(
+    model: PreTrainedModel,
+    plan: RlPlan,
+    cfg: GrpoConfig,
+    *,
+    pad_id: int,
+    ref_model: PreTrainedModel | None = None,
+    reduce: SumOverRanks | None = None,
+) -> LossTerm:
+    """GRPO loss over `plan`'s rows; None when the plan is empty (nothing to learn from).
+
+    With `reduce` the plan is one rank's share: every rank must call this, empty share or not."""
+    metrics = dict(plan.metrics)
+    if plan.global_rows == 0:
+        return LossTerm(None, metrics)
+    device = model.device  # every tensor of the loss lives where the model does
+    if plan.empty:
+        sb = placeholder_batch(pad_id).to(device)
+        advantages, group_ids = torch.zeros(1), torch.zeros(1, dtype=torch.long)
+    else:
+        sb = build_batch(plan.prompt_ids, plan.completion_ids, pad_id)
+        if plan.layouts is not None:  # the environment's tokens are context, never trained
+            sb.completion_mask = model_token_mask(plan.layouts, sb.completion_mask).float()
+        sb = sb.to(device)
+        advantages, group_ids = torch.tensor(plan.advantages), torch.tensor(plan.group_ids)
+    logp = completion_logprobs(model, sb, plan.temperature)
+    width = sb.completion_ids.shape[1]
+    old = None
+    if plan.old_logprobs is not None:
+        rows = plan.old_logprobs if not plan.empty else [[0.0]]
+        old = _padded_logprobs(rows, width).to(device)
+    ref = None
+    if cfg.kl_coef > 0 and ref_model is not None:
+        with torch.no_grad():
+            ref = completion_logprobs(ref_model, sb, plan.temperature)
+    out = grpo_loss(
+        GrpoLossInput(
+            logprobs=logp,
+            advantages=advantages.to(device),
+            mask=sb.completion_mask,
+            group_ids=group_ids.to(device),
+            old_logprobs=old,
+            ref_logprobs=ref,
+            aggregation=cfg.loss_aggregation,
+            clip_eps_low=cfg.clip_eps_low,
+            clip_eps_high=cfg.clip_eps_high,
+            kl_coef=cfg.kl_coef,
+            reduce=reduce,
+        )
+    )
+    metrics.update({f"grpo_{k}": v for k, v in out.metrics.items()})
+    return LossTerm(out.loss, metrics)
+
+
+def rl_term(
+    model: PreTrainedModel,
+    batch: RolloutBatch,
+    cfg: GrpoConfig,
+    *,
+    pad_id: int,
+    current_version: int,
+    drop_zero_variance: bool,
+    ref_model: PreTrainedModel | None = None,
+) -> LossTerm:
+    """GRPO loss over the groups of `batch` that carry signal (`plan_rl`, then `rl_loss`)."""
+    plan = plan_rl(batch, cfg, current_version=current_version, drop_zero_variance=drop_zero_variance)
+    return rl_loss(model, plan, cfg, pad_id=pad_id, ref_model=ref_model)
