@@ -131,12 +131,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     import torch.distributed as dist
-    from cascade.parallel.sharded import RankShard
 
     from cascade.accel import resolve_learner
     from cascade.config import LearnerConfig
     from cascade.parallel.fsdp import shard_policy
     from cascade.parallel.launch import start_rank
+    from cascade.parallel.sharded import RankShard
     from cascade.parallel.world import leave_world
     from cascade.runner.frozen_models import FrozenModelCache
     from cascade.runner.update import UpdateRequest, run_update, share_all

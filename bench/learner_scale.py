@@ -247,12 +247,12 @@ def one_rank(args: argparse.Namespace, batch: Path) -> dict[str, Any]:
 def rank_worker(args: argparse.Namespace) -> int:
     """Under torchrun: every rank a `RankShard` on its share of the batch; rank 0 writes JSON."""
     import torch.distributed as dist
-    from cascade.parallel.sharded import RankShard
 
     from cascade.accel import resolve_learner
     from cascade.config import LearnerConfig
     from cascade.model.loading import load_policy
     from cascade.parallel.launch import start_rank
+    from cascade.parallel.sharded import RankShard
     from cascade.parallel.world import leave_world
     from cascade.runner.update import share_all
 

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from cascade.parallel.sharded import ShardedTrainer
 
 from cascade.accel import resolve_learner
 from cascade.config import LearnerConfig, StageConfig
@@ -25,6 +24,7 @@ from cascade.distill.samples import DistillSamples, local_teacher_tokens
 from cascade.engine.batch import build_batch
 from cascade.model.loading import load_model_weights_only
 from cascade.parallel.launch import follow_driver, release, start_rank
+from cascade.parallel.sharded import ShardedTrainer
 from cascade.runner.distill import DistillData
 from cascade.runner.rl import RlPlan
 from cascade.runner.training import LocalTrainer
