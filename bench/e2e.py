@@ -90,7 +90,7 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="bench-e2e-"))
     model = args.model
     if model is None:
-        from cascade.model.build import TinyModelSpec, save_untrained_model
+        from cascade.bootstrap.policy import TinyModelSpec, save_untrained_model
 
         model = save_untrained_model(root / "model", TinyModelSpec(seed=0))
     stack = LocalStack(

@@ -60,7 +60,7 @@ def random_model(
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from cascade.model.build import TinyModelSpec, save_untrained_model
+    from cascade.bootstrap.policy import TinyModelSpec, save_untrained_model
 
     base = base or out.parent / "base-tiny"
     if not (base / "config.json").exists():

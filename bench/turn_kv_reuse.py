@@ -43,10 +43,10 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
+from cascade.bootstrap.policy import AGENT_SPEC, save_untrained_model
 from cascade.engine import hf
 from cascade.engine.base import SamplingSettings, VersionedGeneration
 from cascade.engine.prefix_kv import RowKV
-from cascade.model.build import AGENT_SPEC, save_untrained_model
 from cascade.model.chat import token_encoder
 from cascade.model.loading import Policy, load_policy
 from cascade.rollout.policy import PolicyGenerate

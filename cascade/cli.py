@@ -238,7 +238,7 @@ def cmd_model_init(args: argparse.Namespace) -> int:
     _quiet_hub_progress()
     import dataclasses
 
-    from cascade.model.build import REWARD_MODEL_SUBDIR, SPECS, build_tiny_model
+    from cascade.bootstrap.policy import REWARD_MODEL_SUBDIR, SPECS, build_tiny_model
 
     spec = dataclasses.replace(SPECS[args.spec], seed=args.seed)
     if args.max_steps is not None:
@@ -246,7 +246,7 @@ def cmd_model_init(args: argparse.Namespace) -> int:
         spec = dataclasses.replace(spec, max_steps=cap, min_steps=min(cap, spec.min_steps))
     reward_model = None
     if "rlhf" in spec.domains:
-        from cascade.model.reward_model import build_tiny_reward_model
+        from cascade.bootstrap.reward_model import build_tiny_reward_model
 
         reward_model = out / REWARD_MODEL_SUBDIR
         if args.force or not (reward_model / "config.json").exists():

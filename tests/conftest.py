@@ -31,7 +31,7 @@ def random_tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     Built once per session in a couple of seconds; tests must not write into it.
     """
-    from cascade.model.build import TinyModelSpec, save_untrained_model
+    from cascade.bootstrap.policy import TinyModelSpec, save_untrained_model
 
     return save_untrained_model(tmp_path_factory.mktemp("random-tiny-model"), TinyModelSpec(seed=0))
 

@@ -40,8 +40,8 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from cascade.domains.base import INFRA_ERROR, NO_ANSWER, OK, Problem, RewardVerdict
 from cascade.domains.common import LruCache, strip_thinking
+from cascade.domains.rlhf_preferences import make_rlhf_problems
 from cascade.model.reward_model import format_rm_input
-from cascade.model.rlhf_preferences import make_rlhf_problems
 
 Shaping = Literal["none", "group_tanh"]
 Baseline = Literal["none", "reference"]

@@ -1,1 +1,1 @@
-"""Loading, chat rendering and building of the policy model (tiny or real)."""
+"""Loading and using a model (tiny or real): checkpoints, chat rendering, reward models."""

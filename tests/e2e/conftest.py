@@ -202,7 +202,7 @@ def trained_tiny_model() -> Path:
     """The `models/tiny` that `make demo` builds (the Makefile builds it before the tests; if it
     is missing, this builds it, a few CPU minutes): for tests where learning is the point."""
     if not (TRAINED_TINY / "sft_log.json").exists():
-        from cascade.model.build import build_tiny_model
+        from cascade.bootstrap.policy import build_tiny_model
 
         build_tiny_model(TRAINED_TINY)
     return TRAINED_TINY

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from cascade.model.build import AGENT_DOMAINS, AGENT_SPEC, save_untrained_model
+from cascade.bootstrap.policy import AGENT_DOMAINS, AGENT_SPEC, save_untrained_model
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "agent-cascade.yaml"
 STAGE_STEPS = 2

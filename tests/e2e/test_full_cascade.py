@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from cascade.model.build import FULL_DOMAINS, FULL_SPEC, save_untrained_model
-from cascade.model.reward_model import build_tiny_reward_model
+from cascade.bootstrap.policy import FULL_DOMAINS, FULL_SPEC, save_untrained_model
+from cascade.bootstrap.reward_model import build_tiny_reward_model
 
 STAGE_STEPS = 2
 

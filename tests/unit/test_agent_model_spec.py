@@ -11,13 +11,13 @@ import pytest
 from scripted_turns import ScriptedEngine
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from cascade.bootstrap.policy import AGENT_SPEC, SPECS, TinyModelSpec, _sft_split, init_tokenizer_and_model
+from cascade.bootstrap.sft_traces import tool_markers, trace_completion
 from cascade.config import ChatConfig
 from cascade.domains.agent import AgentDomain, default_format, prompt_tools, render_trace, trace_turns
 from cascade.domains.base import Problem
 from cascade.engine.base import SamplingSettings
-from cascade.model.build import AGENT_SPEC, SPECS, TinyModelSpec, _sft_split, init_tokenizer_and_model
 from cascade.model.chat import encode_prompts, token_encoder
-from cascade.model.sft_traces import tool_markers, trace_completion
 from cascade.tools.turn_loop import run_turns
 
 SMALL = dataclasses.replace(AGENT_SPEC, sft_problems_per_domain=300, val_problems_per_domain=4)

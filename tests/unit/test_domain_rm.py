@@ -10,11 +10,10 @@ from typing import Any
 
 import pytest
 
+from cascade.bootstrap.reward_model import build_tiny_reward_model
 from cascade.domains.base import INFRA_ERROR, NO_ANSWER, OK, Problem
 from cascade.domains.common import split_of
-from cascade.domains.rm import NO_ANSWER_FALLBACK, RewardModelScorer, RlhfDomain, shape_group
-from cascade.model.reward_model import build_tiny_reward_model
-from cascade.model.rlhf_preferences import (
+from cascade.domains.rlhf_preferences import (
     HACK_KINDS,
     OFF_REQUEST_COPIES,
     ORIGINAL_KINDS,
@@ -22,6 +21,7 @@ from cascade.model.rlhf_preferences import (
     make_rlhf_problems,
     preference_pairs,
 )
+from cascade.domains.rm import NO_ANSWER_FALLBACK, RewardModelScorer, RlhfDomain, shape_group
 
 HELD_OUT_MIN_ACCURACY = 0.9
 """Per rejected kind: the least share of held-out pairs the on-request reply must win."""

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from cascade.bootstrap.policy import TinyModelSpec, build_tiny_model
 from cascade.config import ChatConfig
-from cascade.model.build import TinyModelSpec, build_tiny_model
 from cascade.model.chat import render_prompt
 from cascade.model.loading import ModelLoadError, load_policy
 
@@ -66,7 +66,7 @@ def test_not_a_model_directory_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_default_spec_unchanged_and_full_spec_in_paper_order() -> None:
-    from cascade.model.build import FULL_SPEC, SPECS
+    from cascade.bootstrap.policy import FULL_SPEC, SPECS
 
     assert SPECS["tiny"] == TinyModelSpec()
     tiny = TinyModelSpec()
@@ -87,7 +87,7 @@ def test_per_domain_fields_must_match_domains() -> None:
 
 
 def test_rlhf_needs_a_reward_model() -> None:
-    from cascade.model.build import sft_domain_config
+    from cascade.bootstrap.policy import sft_domain_config
 
     with pytest.raises(ValueError, match="reward model"):
         sft_domain_config("rlhf")
@@ -107,8 +107,8 @@ def test_cli_accepts_the_full_spec() -> None:
 @pytest.fixture(scope="module")
 def built_five(tmp_path_factory: pytest.TempPathFactory, torch_one_thread: None) -> Path:
     """Five domains, one domain per batch, per-domain floors low enough to stop at the first check."""
-    from cascade.model.build import FULL_DOMAINS
-    from cascade.model.reward_model import build_tiny_reward_model
+    from cascade.bootstrap.policy import FULL_DOMAINS
+    from cascade.bootstrap.reward_model import build_tiny_reward_model
 
     root = tmp_path_factory.mktemp("five")
     build_tiny_reward_model(root / "rm", steps=5, log=lambda _: None)

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from cascade.model.tokenizer import CHAT_TEMPLATE
+from cascade.bootstrap.tokenizer import CHAT_TEMPLATE
 from cascade.tools.calculator import CalcError, calculate
 from cascade.tools.environment import (
     BAD_ARGUMENTS,
@@ -290,7 +290,7 @@ def test_environment_offers_only_its_tools() -> None:
 
 def test_tiny_tokenizer_carries_the_tool_template() -> None:
     """`cascade model init`'s tokenizer: the format comes from its own apply_chat_template."""
-    from cascade.model.tokenizer import train_tokenizer
+    from cascade.bootstrap.tokenizer import train_tokenizer
     from cascade.tools.template import format_of_tokenizer
 
     tokenizer = train_tokenizer(["What is fig? <tool_call> 1 2 3 </tool_call>"] * 20, vocab_size=300)

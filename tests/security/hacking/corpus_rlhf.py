@@ -45,7 +45,7 @@ from typing import Any
 from hostile_cases import HostileCase, RightCase
 
 from cascade.domains.base import NO_ANSWER, OK, Problem
-from cascade.model.rlhf_preferences import make_rlhf_problems
+from cascade.domains.rlhf_preferences import make_rlhf_problems
 
 REPO = Path(__file__).resolve().parents[3]
 MODEL_PATH = Path(os.environ.get("CASCADE_RLHF_MODEL") or REPO / "models" / "tiny-full" / "reward_model")

@@ -34,10 +34,10 @@ from corpus_rlhf import (
 )
 from hostile_cases import failures
 
+from cascade.bootstrap.reward_model import build_tiny_reward_model
 from cascade.config import DomainConfig, RlhfReward
 from cascade.domains import make_domain
 from cascade.domains.base import NO_ANSWER, OK
-from cascade.model.reward_model import build_tiny_reward_model
 
 pytestmark = pytest.mark.timeout(900)
 

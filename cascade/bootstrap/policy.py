@@ -31,6 +31,8 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
+from cascade.bootstrap.sft_traces import tool_markers, trace_completion
+from cascade.bootstrap.tokenizer import train_tokenizer
 from cascade.config import ChatConfig, DomainConfig, RlhfReward
 from cascade.domains import make_domain
 from cascade.domains.agent import default_format, prompt_tools
@@ -40,8 +42,6 @@ from cascade.engine.logprobs import completion_logits, gather_logprobs
 from cascade.eval.evaluate import evaluate_domain
 from cascade.model.chat import render_prompt, token_encoder
 from cascade.model.loading import Policy
-from cascade.model.sft_traces import tool_markers, trace_completion
-from cascade.model.tokenizer import train_tokenizer
 from cascade.rollout.policy import PolicyGenerate
 from cascade.tools.template import TOOL_CHAT_TEMPLATE, format_of_tokenizer, template_renderer
 
