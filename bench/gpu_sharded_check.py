@@ -136,9 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     from cascade.config import LearnerConfig
     from cascade.parallel.fsdp import shard_policy
     from cascade.parallel.launch import start_rank
-    from cascade.parallel.sharded import RankShard
     from cascade.parallel.world import leave_world
     from cascade.runner.frozen_models import FrozenModelCache
+    from cascade.runner.sharded import RankShard
     from cascade.runner.update import UpdateRequest, run_update, share_all
 
     device = "cuda" if args.device.startswith("cuda") else args.device

@@ -252,8 +252,8 @@ def rank_worker(args: argparse.Namespace) -> int:
     from cascade.config import LearnerConfig
     from cascade.model.loading import load_policy
     from cascade.parallel.launch import start_rank
-    from cascade.parallel.sharded import RankShard
     from cascade.parallel.world import leave_world
+    from cascade.runner.sharded import RankShard
     from cascade.runner.update import share_all
 
     assert args.rank_worker is not None

@@ -120,8 +120,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.nproc < 1:
         return _fail("--nproc must be at least 1")
     from cascade.accel import DeviceError
-    from cascade.parallel.launch import as_ranks, relaunch, without_option
+    from cascade.parallel.launch import relaunch, without_option
     from cascade.parallel.world import World
+    from cascade.runner.sharded import as_ranks
 
     def drive(world: World) -> int:
         run_dir = _run_dir(args, cfg)

@@ -23,10 +23,10 @@ from cascade.config import LearnerConfig, StageConfig
 from cascade.distill.samples import DistillSamples, local_teacher_tokens
 from cascade.engine.batch import build_batch
 from cascade.model.loading import load_model_weights_only
-from cascade.parallel.launch import follow_driver, release, start_rank
-from cascade.parallel.sharded import ShardedTrainer
+from cascade.parallel.launch import start_rank
 from cascade.runner.distill import DistillData
 from cascade.runner.rl import RlPlan
+from cascade.runner.sharded import ShardedTrainer, follow_driver, release
 from cascade.runner.training import LocalTrainer
 from cascade.runner.update import UpdateRequest
 

@@ -1,7 +1,7 @@
 """Sharded training state with `torch.distributed.checkpoint` (DCP): every rank writes its own
 shards of the model and optimizer into `<checkpoint>/dcp`, and any world size reads them back
 (DCP reshards on load). The full weights are exported beside them as a model directory for
-teachers, the rollout service and the final model (`cascade.runner.checkpoint`).
+teachers, the rollout service and the final model (by the run loop's checkpoint writer).
 
 A checkpoint written by a learner of one process (`optimizer.safetensors`, keyed by parameter
 index) loads into a sharded learner too, and a sharded one into a learner of one process."""
@@ -23,9 +23,11 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.fsdp import FSDPModule
 
-from cascade.runner.checkpoint import OPTIM_FILE, STATE_FILE
-
 DCP_DIR = "dcp"
+STATE_FILE = "runner_state.json"
+"""A checkpoint's plain state (JSON): the runner's, and the optimizer's scalars and groups."""
+OPTIM_FILE = "optimizer.safetensors"
+"""A one-process checkpoint's optimizer tensors, keyed `<parameter index>.<field>`."""
 
 
 def is_sharded(checkpoint: Path) -> bool:

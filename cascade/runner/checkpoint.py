@@ -21,9 +21,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from cascade.model.loading import Policy
+from cascade.parallel.checkpoint import OPTIM_FILE, STATE_FILE
 
-STATE_FILE = "runner_state.json"
-OPTIM_FILE = "optimizer.safetensors"
 RNG_FILE = "rng.safetensors"
 
 

@@ -106,7 +106,7 @@ class CascadeRunner:
         continue when it is resumed (polling every `poll_s`) instead of returning. `on_step`:
         called with (global step, metrics) after each step. `domains`: the verifiers for eval
         (built from the config when not given). `world`: the ranks the policy is sharded over
-        (this process is rank 0; the others run `cascade.parallel.sharded.follow`)."""
+        (this process is rank 0; the others run `cascade.runner.sharded.follow`)."""
         self.cfg = config
         self.world = world or World()
         self.accel = self.world.place(resolve_learner(config.learner, config.model.dtype))

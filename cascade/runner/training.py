@@ -1,5 +1,5 @@
 """Who trains the policy for the loop: `LocalTrainer` (the whole model in this process) or
-`cascade.parallel.sharded.ShardedTrainer` (FSDP2 over the ranks `torchrun` started; this
+`cascade.runner.sharded.ShardedTrainer` (FSDP2 over the ranks `torchrun` started; this
 process is rank 0). Either way `policy` holds the full current weights on the driver, the
 weights that generate in an embedded run, are pushed to the rollout service, and are saved as
 teachers and references."""
@@ -20,6 +20,7 @@ from cascade.parallel.world import World
 from cascade.runner.checkpoint import load_checkpoint_state, save_checkpoint
 from cascade.runner.distill import DistillData
 from cascade.runner.frozen_models import FrozenModelCache
+from cascade.runner.sharded import ShardedTrainer
 from cascade.runner.update import UpdateRequest, run_update
 
 
@@ -102,6 +103,4 @@ def make_trainer(world: World, accel: Accel, dtype: str) -> PolicyTrainer:
     """The whole model here for a world of one; FSDP2 over the ranks otherwise (rank 0)."""
     if not world.sharded:
         return LocalTrainer(accel, dtype)
-    from cascade.parallel.sharded import ShardedTrainer
-
     return ShardedTrainer(world, accel, dtype)

@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.torch_threads)
     from cascade.accel import DeviceError
-    from cascade.parallel.launch import as_ranks
+    from cascade.runner.sharded import as_ranks
 
     try:  # under torchrun: rank 0 runs the loop (`_drive`), the others follow it
         return as_ranks(cfg.learner, cfg.model.dtype, lambda world: _drive(args, cfg, world))

@@ -1,6 +1,7 @@
 """The learner over several ranks: rank 0 runs the stage loop with a `ShardedTrainer`, every
 other rank runs `follow`, and each rank holds a `RankShard` (its FSDP2 shard of the policy and
-of the optimizer).
+of the optimizer). `as_ranks` is the learner's entry under any launcher: it tells the ranks
+apart (`cascade.parallel.launch` starts and joins them) and sends each to its part.
 
 The loop's calls become commands that rank 0 scatters to the others (load, start a stage,
 restore, update, save, stop); every rank then does its part of the collective work. An update
@@ -21,12 +22,13 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-from cascade.accel import Accel
-from cascade.config import StageConfig
+from cascade.accel import Accel, resolve_learner
+from cascade.config import LearnerConfig, StageConfig
 from cascade.model.loading import Policy, load_policy
 from cascade.parallel.checkpoint import load_optimizer, save_shards
 from cascade.parallel.fsdp import shard_policy
-from cascade.parallel.world import World
+from cascade.parallel.launch import start_rank
+from cascade.parallel.world import World, launched_world, leave_world
 from cascade.runner.checkpoint import load_checkpoint_state, save_checkpoint
 from cascade.runner.distill import DistillData
 from cascade.runner.frozen_models import FrozenModelCache
@@ -185,3 +187,38 @@ class ShardedTrainer:
 
     def close(self) -> None:
         release_followers(self.world)
+
+
+def as_ranks(learner: LearnerConfig, dtype: str, drive: Callable[[World], int]) -> int:
+    """The learner's entry under any launcher: `drive(world)` runs on rank 0 (or the only rank),
+    the other ranks of a torchrun launch follow it, and rank 0 lets them go however `drive`
+    ends. A device this host lacks raises `DeviceError` before any rank joins."""
+    accel = resolve_learner(learner, dtype)
+    world = launched_world()
+    if world.sharded:
+        world, accel = start_rank(accel)
+        if not world.driver:
+            return follow_driver(world, accel, dtype)
+    try:
+        return drive(world)
+    finally:
+        release(world)
+
+
+def follow_driver(world: World, accel: Accel, dtype: str) -> int:
+    """A rank other than 0: follow rank 0 until it stops, then leave."""
+    try:
+        follow(world, accel, dtype)
+    finally:
+        leave_world()
+    return 0
+
+
+def release(world: World) -> None:
+    """Rank 0 is done, however it ends: the other ranks are let go, the group left."""
+    if not world.sharded:
+        return
+    try:
+        release_followers(world)
+    finally:
+        leave_world()
