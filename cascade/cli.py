@@ -431,7 +431,7 @@ def _up_hint(args: argparse.Namespace, run_dir: Path, stack) -> str:  # stack: L
 
 def track_arg(value: str) -> list[str]:
     """`--track`: tracking backends, comma-separated (tensorboard, mlflow, wandb), or none."""
-    from cascade.config_tracking import parse_track_flag
+    from cascade.config.tracking import parse_track_flag
 
     try:
         return list(parse_track_flag(value))

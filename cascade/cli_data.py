@@ -69,7 +69,7 @@ def _renderer(cfg: Any) -> Any:
 
 
 def _inspect_domain(cfg: Any, domain: Any, args: argparse.Namespace, render: Any) -> None:
-    from cascade.config_hf import HfPrompts
+    from cascade.config.hf import HfPrompts
     from cascade.domains import load_problems
 
     source = domain.prompts

@@ -43,7 +43,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from cascade.config_hf import HfPrompts
+from cascade.config.hf import HfPrompts
 
 
 class Unconvertible(ValueError):

@@ -19,7 +19,7 @@ from pathlib import Path
 from random import Random
 from typing import Any
 
-from cascade.config_hf import HfPrompts
+from cascade.config.hf import HfPrompts
 from cascade.domains.base import Problem
 from cascade.domains.hf_adapters import ADAPTERS, Unconvertible, required_columns
 

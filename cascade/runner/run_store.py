@@ -25,7 +25,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from cascade.config import CascadeConfig
-from cascade.config_diff import training_diff
+from cascade.config.diff import training_diff
 from cascade.eval.results import DomainEval
 from cascade.resilience import Dependency
 from cascade.store import db, leases, repo

@@ -112,7 +112,7 @@ def log_event(
 def create_cascade(session: Session, *, name: str, config: Mapping[str, Any] | Any) -> Cascade:
     """`config` is a `CascadeConfig` or its `model_dump(mode="json")`; its training settings'
     hash is stored beside it."""
-    from cascade.config_diff import training_hash
+    from cascade.config.diff import training_hash
 
     data = json_safe(config)
     row = Cascade(name=name, config=data, config_hash=training_hash(data), status="pending")

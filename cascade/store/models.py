@@ -97,7 +97,7 @@ class Cascade(Base):
     config: Mapped[dict[str, Any]] = mapped_column(JSON)
     """`CascadeConfig.model_dump(mode="json")`."""
     config_hash: Mapped[str | None] = mapped_column(String(64), default=None)
-    """sha256 of the config's training settings (`cascade.config_diff.training_hash`)."""
+    """sha256 of the config's training settings (`cascade.config.diff.training_hash`)."""
     status: Mapped[str] = mapped_column(String(16), default="pending")
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from cascade.config_tracking import MlflowSettings
+from cascade.config.tracking import MlflowSettings
 from cascade.tracking.base import RunContext, flatten, mask_password
 
 DEFAULT_DIR = "mlflow"

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from cascade.config_tracking import TensorBoardSettings
+from cascade.config.tracking import TensorBoardSettings
 from cascade.tracking.base import RunContext, flatten
 
 DEFAULT_DIR = "tensorboard"

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cascade.config_tracking import BACKENDS, TrackingConfig
+from cascade.config.tracking import BACKENDS, TrackingConfig
 from cascade.tracking.base import Backend, RunContext, TrackingUnavailable, numeric, require
 
 if TYPE_CHECKING:

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from cascade.config_tracking import WandbSettings
+from cascade.config.tracking import WandbSettings
 from cascade.tracking.base import RunContext
 
 FAILED = ("failed", "aborted", "lease lost")

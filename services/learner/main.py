@@ -33,7 +33,7 @@ def device_arg(value: str) -> str:
 
 def track_arg(value: str) -> list[str]:
     """`--track`: tracking backends, comma-separated (tensorboard, mlflow, wandb), or none."""
-    from cascade.config_tracking import parse_track_flag
+    from cascade.config.tracking import parse_track_flag
 
     try:
         return list(parse_track_flag(value))

@@ -246,7 +246,7 @@ def test_tensorboard_hides_steps_redone_after_a_crash(tmp_path: Path) -> None:
     reopened writer purges the first attempt's, so each step shows once, with the redone value."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from cascade.config_tracking import TensorBoardSettings
+    from cascade.config.tracking import TensorBoardSettings
     from cascade.tracking.base import RunContext
     from cascade.tracking.tensorboard_backend import TensorBoardBackend
 

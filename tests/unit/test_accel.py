@@ -24,7 +24,7 @@ from cascade.config import (
     parse_cascade_config,
     with_learner_device,
 )
-from cascade.config_diff import training_hash
+from cascade.config.diff import training_hash
 
 BASE: dict[str, Any] = {
     "name": "dev",

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from cascade.config import parse_domain_config
-from cascade.config_hf import HfPrompts
+from cascade.config.hf import HfPrompts
 from cascade.domains import load_problems
 from cascade.domains.agent import AgentDomain, default_format
 from cascade.domains.base import NO_ANSWER, OK, PARSE_ERROR, WRONG_ANSWER, Problem

@@ -18,7 +18,7 @@ from cascade.config import (
     parse_cascade_config,
     parse_domain_config,
 )
-from cascade.config_hf import HfPrompts
+from cascade.config.hf import HfPrompts
 from cascade.domains import load_problems
 from cascade.domains.hf_adapters import Unconvertible, assert_to_test, last_boxed
 from cascade.domains.hf_ifeval import UnusableRow, rules_for

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from cascade.config import ConfigError, parse_cascade_config, with_tracking
-from cascade.config_diff import training_hash
-from cascade.config_tracking import parse_track_flag
+from cascade.config.diff import training_hash
+from cascade.config.tracking import parse_track_flag
 from cascade.eval.results import DomainEval, MetricValue
 from cascade.tracking import STATE_FILE, Tracker
 from cascade.tracking.base import RunContext, mask_password, numeric

@@ -1,9 +1,10 @@
 """The `tracking:` section of a cascade: which experiment trackers a run logs to, and how.
 
-Kept apart from `cascade.config` (which holds it as `CascadeConfig.tracking`) so the trackers'
-options sit together; the logging itself is `cascade.tracking`. Tracking changes nothing about
-what is learned (`cascade.config_diff` leaves it out of the training hash): a run may be resumed
-with more or other trackers, and `--track` on the command line replaces `backends`.
+Kept apart from `cascade.config.cascade` (which holds it as `CascadeConfig.tracking`) so the
+trackers' options sit together; the logging itself is `cascade.tracking`. Tracking changes
+nothing about what is learned (`cascade.config.diff` leaves it out of the training hash): a run
+may be resumed with more or other trackers, and `--track` on the command line replaces
+`backends`.
 """
 
 from __future__ import annotations

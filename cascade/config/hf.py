@@ -1,8 +1,8 @@
 """The `kind: hf` prompt source: a Hugging Face data set on disk, read through a format adapter.
 
-Kept apart from `cascade.config` (which imports it into `PromptSource`) so the data-set options
-sit together; the reading itself is `cascade.domains.hf_source`, the adapters
-`cascade.domains.hf_adapters`.
+Kept apart from the domain section (`cascade.config.domains`, which imports it into
+`PromptSource`) so the data-set options sit together; the reading itself is
+`cascade.domains.hf_source`, the adapters `cascade.domains.hf_adapters`.
 """
 
 from __future__ import annotations
