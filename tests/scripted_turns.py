@@ -8,8 +8,7 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from cascade.domains.base import Problem
-from cascade.engine.base import SamplingSettings, VersionedGeneration
-from cascade.engine.hf import Generation
+from cascade.engine.base import Generation, SamplingSettings, VersionedGeneration
 
 LP = -0.5  # the scripted engine's log-prob of every token it "samples"
 

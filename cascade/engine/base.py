@@ -16,7 +16,14 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from cascade.engine.hf import Generation
+
+@dataclass
+class Generation:
+    """Sampled completions, one row per (prompt, sample), with their log-probs."""
+
+    completion_ids: list[list[int]]  # without padding, EOS included when produced
+    logprobs: list[list[float]]  # one per completion token, at the sampling temperature
+    finish_reasons: list[str]  # "stop" (EOS) or "length" (token budget)
 
 
 class EngineRequestError(ValueError):

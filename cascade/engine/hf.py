@@ -34,16 +34,10 @@ from torch import Tensor
 from transformers import DynamicCache, PreTrainedModel
 
 from cascade.engine import decode
+from cascade.engine.base import Generation
 from cascade.engine.batch import left_pad, positions
 from cascade.engine.prefix_kv import RowKV
 from cascade.engine.sampling import draw_uniform, next_tokens
-
-
-@dataclass
-class Generation:
-    completion_ids: list[list[int]]  # without padding, EOS included when produced
-    logprobs: list[list[float]]  # one per completion token, at the sampling temperature
-    finish_reasons: list[str]  # "stop" (EOS) or "length" (token budget)
 
 
 def _share_prompts(prompts: list[list[int]]) -> tuple[list[list[int]], torch.Tensor]:

@@ -35,6 +35,7 @@ from transformers import PreTrainedModel
 
 from cascade.engine.base import (
     EngineInfo,
+    Generation,
     SamplingSettings,
     VersionedGeneration,
     WeightUpdate,
@@ -42,7 +43,7 @@ from cascade.engine.base import (
     check_generate_request,
     next_version,
 )
-from cascade.engine.hf import Generation, generate_kv
+from cascade.engine.hf import generate_kv
 from cascade.engine.prefix_kv import DEFAULT_MAX_BYTES, TurnKV, weights_stamp
 from cascade.engine.sampling import request_generator
 from cascade.engine.weights import (

@@ -57,13 +57,11 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from torch import Tensor
 from transformers import PreTrainedModel
 
-if TYPE_CHECKING:  # cascade.engine.base imports cascade.engine.hf, which imports this module
-    from cascade.engine.base import TurnStep
+from cascade.engine.base import TurnStep
 
 DEFAULT_MAX_BYTES = 1 << 30
 

@@ -50,13 +50,13 @@ from safetensors.torch import save_file
 from cascade.config import VllmEngineConfig
 from cascade.engine.base import (
     EngineInfo,
+    Generation,
     SamplingSettings,
     VersionedGeneration,
     WeightUpdate,
     check_generate_request,
     next_version,
 )
-from cascade.engine.hf import Generation
 from cascade.engine.weights import check_config, check_tensors, header_specs, read_checkpoint, read_config
 
 WORKER_EXTENSION = "cascade.engine.vllm_worker.CascadeWeightLoader"

@@ -9,8 +9,8 @@ import torch
 
 from cascade.config import ChatConfig
 from cascade.domains.base import Problem
-from cascade.engine.base import SamplingSettings, VersionedGeneration
-from cascade.engine.hf import Generation, generate
+from cascade.engine.base import Generation, SamplingSettings, VersionedGeneration
+from cascade.engine.hf import generate
 from cascade.engine.hf_engine import sample_request
 from cascade.engine.prefix_kv import DEFAULT_MAX_BYTES, TurnKV, weights_stamp
 from cascade.model.chat import encode_prompts

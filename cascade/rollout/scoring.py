@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from cascade.domains.base import INFRA_ERROR, TRUNCATED, Problem, RewardVerdict
-from cascade.engine.hf import Generation
+from cascade.engine.base import Generation
 from cascade.rollout.requests import GenerateFn, PromptRequest, ScoredChunk, ScoreFn, request_seed
 
 

@@ -13,8 +13,7 @@ from dataclasses import dataclass
 import grpc
 import torch
 
-from cascade.engine.base import EngineInfo, SamplingSettings, VersionedGeneration, WeightUpdate
-from cascade.engine.hf import Generation
+from cascade.engine.base import EngineInfo, Generation, SamplingSettings, VersionedGeneration, WeightUpdate
 from cascade.engine.weights import DTYPES
 from cascade.transport.channel import open_channel
 from cascade_proto.v1 import rollout_pb2 as pb

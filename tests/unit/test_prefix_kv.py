@@ -14,11 +14,11 @@ from cascade.engine import decode
 from cascade.engine.base import (
     EngineInfo,
     EngineRequestError,
+    Generation,
     SamplingSettings,
     TurnStep,
     check_generate_request,
 )
-from cascade.engine.hf import Generation
 from cascade.engine.hf_engine import sample_request
 from cascade.engine.prefix_kv import TurnKV, weights_stamp
 

@@ -13,13 +13,13 @@ import grpc
 import pytest
 
 from cascade.engine.base import (
+    Generation,
     SamplingSettings,
     TurnStep,
     VersionedGeneration,
     WeightUpdateError,
     next_version,
 )
-from cascade.engine.hf import Generation
 from cascade.resilience import Dependency, DependencyDown
 from cascade.transport.rollout_replicas import (
     Addresses,
