@@ -13,7 +13,7 @@ Rewards (a problem's `meta["n_shown"]` first tests are the ones its prompt shows
   of the hidden tests passed (1 when all pass; a problem with no hidden test pays 1 only when
   all pass). A lookup table of the shown examples earns 0, not 3/6.
 Values compare exactly for ints and bools and within 1e-6 relative for floats
-(`sandbox_harness._same_value`).
+(`cascade.sandbox.harness._same_value`).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ Backends:
 - `auto`: the same. It never falls back: without bubblewrap a code reward refuses to run
   (`SandboxUnavailable`) unless the config says `process`.
 - `process` (NOT a security boundary; only when the config asks for it, with one loud warning
-  per process): ONE harness subprocess per call (`python -I -S sandbox_harness.py`) forks one
+  per process): ONE harness subprocess per call (`python -I -S harness.py`) forks one
   rlimited child per program, as a throwaway uid when run as root. The program shares the
   test driver's process (it can read the expected outputs and forge its report), reads the
   host filesystem and has the network.
@@ -37,7 +37,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from cascade.domains.sandbox_harness import (
+from cascade.sandbox import harness as harness_module
+from cascade.sandbox.harness import (
     INFRA_ERROR,
     MEMORY_LIMIT,
     OK,
@@ -72,7 +73,8 @@ __all__ = [
 Backend = Literal["auto", "bwrap", "process"]
 log = logging.getLogger(__name__)
 
-HARNESS = Path(__file__).with_name("sandbox_harness.py")
+HARNESS = Path(harness_module.__file__)
+"""Run as a script by the `process` backend (stdlib only: no package on its path)."""
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,7 @@ import os
 import signal
 from typing import Any, NoReturn
 
-import runner
-import sandbox_harness as harness
-import syscall_filter
+from cascade.sandbox import harness, runner, syscall_filter
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUTS = 0x04000000

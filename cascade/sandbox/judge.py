@@ -29,7 +29,7 @@ import signal
 import time
 from typing import Any
 
-import sandbox_harness as harness
+from cascade.sandbox import harness
 
 _REPLY_SLACK = 65536
 """Bytes a reply may carry beyond the output budget (JSON framing, returned values)."""

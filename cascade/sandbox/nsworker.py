@@ -1,11 +1,12 @@
 """The warm sandbox worker: a judge, a clean zygote, and one isolated program process per execution.
 
-Started by `cascade.sandbox.pool` as `bwrap ... python3 -I -S /sandbox/nsworker.py` (a
-non-root uid, all namespaces unshared, read-only root, empty environment). Stdlib only: it
-runs with the system interpreter and no site-packages. Protocol: one JSON job per stdin line
-(`{"i", "code", "tests", "entry_point", "stop_on_failure", "limits"}`), one JSON result per
-stdout line (`{"i", "status", "passed", "passed_tests", "total", "detail", "seconds", "maxrss_kb",
-"signal"}`; `passed_tests` lists the indices of the tests passed).
+Started by `cascade.sandbox.pool` as `bwrap ... python3 -I -S -B -c ENTRY`, ENTRY running this
+module's `main` from the in-sandbox modules staged read-only under /sandbox (a non-root uid, all
+namespaces unshared, read-only root, empty environment). Stdlib only: it runs with the system
+interpreter and no site-packages, importing `cascade.sandbox.*` from /sandbox alone. Protocol:
+one JSON job per stdin line (`{"i", "code", "tests", "entry_point", "stop_on_failure", "limits"}`),
+one JSON result per stdout line (`{"i", "status", "passed", "passed_tests", "total", "detail",
+"seconds", "maxrss_kb", "signal"}`; `passed_tests` lists the indices of the tests passed).
 
 Processes (the program process must hold nothing but its code and its inputs):
 
@@ -49,10 +50,7 @@ import sys
 import time
 from typing import Any, NoReturn
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import execution  # noqa: E402  (bound next to this file in the sandbox)
-import judge  # noqa: E402
-import sandbox_harness as harness  # noqa: E402
+from cascade.sandbox import execution, harness, judge
 
 SETUP_TIMEOUT_S = 10.0
 """How long an execution's isolation may take before it is the sandbox's failure."""

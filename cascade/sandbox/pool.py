@@ -5,7 +5,7 @@ tmpfs /tmp, minimal /dev, new /proc, empty environment, dies with its parent) st
 dedicated non-root uid — bwrap started as real root leaves the program root's powers — in
 its own memory, pids and CPU cgroups where the host allows (the CPU quota, one CPU per worker
 by default, keeps one execution's busy threads and processes from starving the execution on
-the other worker), running `nsworker.py` under the system interpreter. Each execution then
+the other worker), running `cascade.sandbox.nsworker` under the system interpreter. Each execution then
 costs a few forks and an `unshare`, not an interpreter start (see `nsworker`). A worker that
 stops answering is killed with its whole cgroup and restarted; its job comes back as
 `infra_error`, never as a reward of 0.
@@ -36,13 +36,27 @@ from cascade.sandbox import cgroups
 
 HERE = Path(__file__).resolve().parent
 HARNESS_FILES = {
-    "nsworker.py": HERE / "nsworker.py",
-    "execution.py": HERE / "execution.py",
-    "judge.py": HERE / "judge.py",
-    "runner.py": HERE / "runner.py",
-    "syscall_filter.py": HERE / "syscall_filter.py",
-    "sandbox_harness.py": HERE.parent / "domains" / "sandbox_harness.py",
+    f"cascade/{name}": HERE.parent / name
+    for name in (
+        "__init__.py",
+        "sandbox/__init__.py",
+        "sandbox/nsworker.py",
+        "sandbox/execution.py",
+        "sandbox/judge.py",
+        "sandbox/runner.py",
+        "sandbox/syscall_filter.py",
+        "sandbox/harness.py",
+    )
 }
+"""The in-sandbox modules (stdlib only) and the two package files above them, by their path under
+/sandbox: the worker imports them as `cascade.sandbox.*` and sees nothing else of the package."""
+SANDBOX_ROOT = "/sandbox"
+_ENTRY = (
+    f"import sys; sys.path[:] = [{SANDBOX_ROOT!r}] + [p for p in sys.path if p not in ('', '.')]; "
+    "from cascade.sandbox.nsworker import main; sys.exit(main())"
+)
+"""The worker's `python -c`: `-I` keeps PYTHONPATH out, so the staged package's root is put first
+on sys.path here, and no current-directory entry stays on it."""
 _START_TIMEOUT_S = 20.0
 GROUP_PREFIX = "cascade-sbx"
 _BACKSTOP_SLACK_S = 5.0
@@ -94,8 +108,12 @@ def stage_harness() -> Path:
     be able to reach the installed package (say, under /root), and it sees nothing else of it."""
     staged = Path(tempfile.mkdtemp(prefix="cascade-sandbox-"))
     for name, source in HARNESS_FILES.items():
-        shutil.copyfile(source, staged / name)
-        (staged / name).chmod(0o644)
+        target = staged / name
+        for parent in reversed(target.relative_to(staged).parents[:-1]):
+            (staged / parent).mkdir(exist_ok=True)
+            (staged / parent).chmod(0o755)
+        shutil.copyfile(source, target)
+        target.chmod(0o644)
     staged.chmod(0o755)
     return staged
 
@@ -116,14 +134,14 @@ def bwrap_argv(settings: BwrapSettings, harness_dir: Path, exec_procs: Sequence[
     for link in ("bin", "lib", "lib64", "sbin"):
         if os.path.islink(f"/{link}"):
             argv += ["--symlink", os.readlink(f"/{link}"), f"/{link}"]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--dir", "/sandbox"]
-    for name in HARNESS_FILES:
-        argv += ["--ro-bind", str(harness_dir / name), f"/sandbox/{name}"]
+    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--dir", SANDBOX_ROOT]
+    for name in HARNESS_FILES:  # each file on its own: nothing else of the staging directory
+        argv += ["--ro-bind", str(harness_dir / name), f"{SANDBOX_ROOT}/{name}"]
     for number, procs in enumerate(exec_procs):
         argv += ["--bind", str(procs), f"/sandbox/cgroup/{number}.procs"]
     argv += ["--remount-ro", "/", "--hostname", "sandbox", "--chdir", "/tmp"]
     argv += ["--setenv", "PATH", "/usr/bin:/bin", "--setenv", "LANG", "C.UTF-8"]
-    return argv + [python, "-I", "-S", "-B", "/sandbox/nsworker.py"]
+    return argv + [python, "-I", "-S", "-B", "-c", _ENTRY]
 
 
 class _Spawner:

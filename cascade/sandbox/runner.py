@@ -20,7 +20,7 @@ import os
 import sys
 from typing import Any, NoReturn
 
-import sandbox_harness as harness
+from cascade.sandbox import harness
 
 _dumps = json.dumps
 _REPLY_SLACK = 65536

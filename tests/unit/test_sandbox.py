@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -15,8 +17,10 @@ from typing import Any
 import pytest
 
 import cascade.domains.base as base
-from cascade.domains import sandbox, sandbox_harness
+from cascade.domains import sandbox
 from cascade.domains.sandbox import ExecResult, Job, SandboxLimits, run_jobs
+from cascade.sandbox import harness as sandbox_harness
+from cascade.sandbox.pool import HARNESS_FILES, BwrapSettings, stage_harness
 
 LIMITS = SandboxLimits(time_limit_s=0.5, memory_mb=256, max_output_bytes=4096, max_processes=8)
 TESTS = [{"input": x, "output": x + 1} for x in range(3)]
@@ -395,3 +399,29 @@ def test_int_expectations_compare_exactly() -> None:
     assert close.status == "wrong_answer"  # within 1e-6 relative, but not that int
     assert run_one("def f(x):\n    return 123456789.0", tests=tests).status == "ok"
     assert run_one("def f(x):\n    return True", tests=[{"input": 1, "output": 1}]).status == "wrong_answer"
+
+
+def test_worker_modules_import_from_the_staged_copy_alone() -> None:
+    """What a bwrap worker imports, without bwrap: the staged files under the system interpreter
+    with `-I -S` (no site-packages, no PYTHONPATH) are the whole of `cascade` it loads."""
+    staged = stage_harness()
+    try:
+        assert sorted(str(p.relative_to(staged)) for p in staged.rglob("*.py")) == sorted(HARNESS_FILES)
+        assert {oct(p.stat().st_mode & 0o777) for p in staged.rglob("*") if p.is_dir()} == {"0o755"}
+        probe = (
+            f"import sys; sys.path[:] = [{str(staged)!r}] + [p for p in sys.path if p not in ('', '.')]; "
+            "import cascade.sandbox.nsworker, cascade.sandbox.harness; "
+            "print(' '.join(sorted(m for m in sys.modules if m.startswith('cascade'))))"
+        )
+        python = BwrapSettings().python if Path(BwrapSettings().python).exists() else sys.executable
+        out = subprocess.run(
+            [python, "-I", "-S", "-B", "-c", probe], capture_output=True, text=True, check=True, env={}
+        )
+    finally:
+        shutil.rmtree(staged)
+    in_sandbox = ("execution", "harness", "judge", "nsworker", "runner", "syscall_filter")
+    assert set(out.stdout.split()) == {
+        "cascade",
+        "cascade.sandbox",
+        *(f"cascade.sandbox.{m}" for m in in_sandbox),
+    }

@@ -8,18 +8,12 @@ worker would report as `infra_error`, masking the sample out of training and its
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-import cascade.domains
-from cascade.domains.sandbox_harness import _same_value
-
-# The judge runs inside the sandbox beside `sandbox_harness`, which it imports by bare name.
-sys.path.insert(0, str(Path(cascade.domains.__file__).parent))
-from cascade.sandbox import judge  # noqa: E402
+from cascade.sandbox import judge
+from cascade.sandbox.harness import _same_value
 
 RT, WA = "runtime_error", "wrong_answer"
 

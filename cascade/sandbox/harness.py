@@ -1,10 +1,12 @@
 """The sandbox harness: a warm interpreter that forks one limited child per program.
 
-Run as `python -I -S sandbox_harness.py` by `cascade.domains.sandbox.run_jobs`, which writes
+Run as `python -I -S harness.py` by `cascade.domains.sandbox.run_jobs` (the `process` backend),
+which writes
 `{"limits": ..., "workers": n, "workdir": dir, "jobs": [...]}` to its stdin; it prints one JSON line per
 finished job (`{"i", "status", "passed", "passed_tests", "total", "detail", "seconds"}`), in
 completion order.
-Stdlib only (it runs without site-packages and without the `cascade` package on its path).
+Stdlib only (it runs without site-packages and without the `cascade` package on its path). The
+bubblewrap workers import it too (`cascade.sandbox.harness`): its limits, reasons and comparisons.
 
 Per job, at most `workers` at a time, the harness forks a child that: starts a new session;
 points fds 0-2 at /dev/null; sets RLIMIT_CORE/CPU/FSIZE/NOFILE/NPROC/AS; chdirs into a fresh
