@@ -1,7 +1,7 @@
 """Benchmark: a GRPO step in embedded vs distributed mode on the same config, in the same run,
 and the learner's idle fraction without (`max_staleness: 0`) and with (`1`) overlap.
 
-Starts the rollout, reward and teacher services once (`cascade.up.LocalStack`, needs Redis on
+Starts the rollout, reward and teacher services once (`cascade.up.stack.LocalStack`, needs Redis on
 127.0.0.1:6379), runs the same one-stage cascade embedded (in this process) and distributed
 (learner + 2 rollout workers) and reads each run's step metrics back from its SQLite store.
 Writes `bench/results/e2e.json` and prints a markdown table.
@@ -31,7 +31,7 @@ from cascade.runner.embedded import embedded_runner
 from cascade.store import repo
 from cascade.store.db import make_engine, session_scope
 from cascade.store.models import Run
-from cascade.up import LocalStack
+from cascade.up.stack import LocalStack
 
 OUT = Path(__file__).parent / "results" / "e2e.json"
 

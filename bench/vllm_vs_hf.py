@@ -10,7 +10,7 @@ the same batches, their start times, and the distributed GRPO step with each eng
    each, then `--repeats` per batch; tokens/s = completion tokens generated / the engine's
    `generate` wall time inside its process (no transport). Start: process spawn to engine
    ready (imports included), and the engine's constructor alone, `--starts` times.
-2. Distributed. `cascade.up.LocalStack` (what `cascade up` runs) with the HF engine, then with
+2. Distributed. `cascade.up.stack.LocalStack` (what `cascade up` runs) with the HF engine, then with
    vLLM (`cascade up --engine vllm`): rollout, reward and teacher services, 2 rollout workers,
    the learner; `--runs` one-stage cascades per engine (`bench/e2e.py`'s config: math, 8
    prompts x 8, 24 new tokens, max_staleness 0, so every step waits for its weight push) on
@@ -276,7 +276,7 @@ def distributed_part(model: Path, args: argparse.Namespace, root: Path) -> dict[
     import yaml
     from e2e import config, step_metrics
 
-    from cascade.up import LocalStack
+    from cascade.up.stack import LocalStack
 
     out: dict[str, Any] = {}
     for kind in ENGINES:

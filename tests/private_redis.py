@@ -11,7 +11,7 @@ from pathlib import Path
 
 import redis
 
-from cascade.up import free_port
+from cascade.up.stack import free_port
 
 
 class PrivateRedis:

@@ -21,7 +21,7 @@ from cascade.runner.embedded import RunResult, embedded_runner
 from cascade.store import repo
 from cascade.store.db import make_engine, session_scope
 from cascade.store.models import Checkpoint, Run
-from cascade.up import LocalStack
+from cascade.up.stack import LocalStack
 
 TIMING_KEYS = (
     "time_rollout_s",

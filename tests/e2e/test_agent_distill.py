@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from cascade.up import LocalStack
+from cascade.up.stack import LocalStack
 
 AGENT_STEPS, MATH_STEPS = 1, 2
 

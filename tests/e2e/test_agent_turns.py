@@ -15,7 +15,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from cascade.up import LocalStack
+from cascade.up.stack import LocalStack
 
 
 def _agent_stage(data: dict[str, Any]) -> None:

@@ -47,7 +47,7 @@ from stack_probe import dependency_series, trained
 from cascade.runner.checkpoint import latest_checkpoint
 from cascade.store.db import make_engine, session_scope
 from cascade.store.models import Event, RunLease
-from cascade.up import LocalStack, Proc
+from cascade.up.stack import LocalStack, Proc
 
 pytestmark = pytest.mark.postgres
 

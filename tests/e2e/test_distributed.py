@@ -1,5 +1,5 @@
 """The distributed mode end to end on local processes: rollout, reward and teacher services,
-rollout workers over Redis streams, and the learner writing to Postgres (`cascade.up.LocalStack`).
+rollout workers over Redis streams, and the learner writing to Postgres (`cascade.up.stack.LocalStack`).
 
 One set of services serves every test (started once, stopped by pid at the end); each test
 starts its own learner and workers on a fresh stream prefix (the two-replica test adds a second
@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from stack_probe import REDIS_URL, redis_up
 
-from cascade.up import LocalStack, wait_serving
+from cascade.up.stack import LocalStack, wait_serving
 
 DISTRIBUTED_ONLY = {
     "time_push_s",

@@ -1,7 +1,7 @@
 """The distributed run rides out blips of its services (issue 21, item 2): a Redis restarted
 without persistence while the learner waits with requests queued, the teacher service killed and
 restarted on its port mid-stage, the rollout replica killed and restarted on its port. Each
-during a short run of the tiny model (`cascade.up.LocalStack`; one set of services for the module,
+during a short run of the tiny model (`cascade.up.stack.LocalStack`; one set of services for the module,
 a fresh learner and workers per test): the run completes with contiguous steps, no sample trained
 twice, and the outage in the step metrics (`resilience/<dependency>_*`) and in Prometheus.
 Needs Redis on 127.0.0.1:6379 for the reward service's broker (skipped without it), and
@@ -27,7 +27,7 @@ import pytest
 from private_redis import PrivateRedis
 from stack_probe import REDIS_URL, redis_up
 
-from cascade.up import LocalStack, Proc, wait_serving
+from cascade.up.stack import LocalStack, Proc, wait_serving
 
 
 @pytest.fixture(scope="module")

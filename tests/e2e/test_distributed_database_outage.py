@@ -1,5 +1,5 @@
 """The distributed learner rides out its database too: a PRIVATE Postgres (the learner's `--db`)
-restarted for real at a random step of a short `cascade.up.LocalStack` run of the tiny model.
+restarted for real at a random step of a short `cascade.up.stack.LocalStack` run of the tiny model.
 The learner runs the embedded run's loop and store (tests/e2e/test_database_outage.py), here
 with its own process, heartbeat and Prometheus metrics: the run completes, steps contiguous, no
 sample trained twice, the outage in the step metrics and in `cascade_learner_dependency_*`.
@@ -21,7 +21,7 @@ import pytest
 from private_postgres import PrivatePostgres
 from stack_probe import REDIS_URL, redis_up
 
-from cascade.up import LocalStack, Proc
+from cascade.up.stack import LocalStack, Proc
 
 pytestmark = pytest.mark.postgres
 

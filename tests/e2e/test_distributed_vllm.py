@@ -27,7 +27,7 @@ from stack_probe import REDIS_URL, redis_up
 from cascade.config import VllmEngineConfig
 from cascade.engine import vllm_env
 from cascade.engine.base import SamplingSettings
-from cascade.up import LocalStack
+from cascade.up.stack import LocalStack
 
 pytestmark = [pytest.mark.timeout(1800)]
 

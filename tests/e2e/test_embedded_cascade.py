@@ -18,7 +18,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from cascade.cli import main as cli_main
+from cascade.cli.main import main as cli_main
 from cascade.runner.checkpoint import latest_checkpoint
 from cascade.runner.embedded import RunDirError, embedded_runner
 

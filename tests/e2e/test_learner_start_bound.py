@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import redis
 
-from cascade.up import REPO, free_port
+from cascade.up.stack import REPO, free_port
 
 REDIS_URL = os.environ.get("CASCADE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 

@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 
 from cascade.runner.checkpoint import latest_checkpoint
-from cascade.up import LocalStack
+from cascade.up.stack import LocalStack
 
 REDIS_URL = os.environ.get("CASCADE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 REPO = Path(__file__).resolve().parents[2]

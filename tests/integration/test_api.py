@@ -412,7 +412,7 @@ def test_not_found(api: ApiServer) -> None:
 def test_cli_talks_to_the_api(
     api: ApiServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from cascade.cli import main
+    from cascade.cli.main import main
 
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(tiny_config("cli")))
@@ -470,7 +470,7 @@ def test_settings_errors_never_show_a_token(tmp_path: Path) -> None:
 
 
 def test_cli_run_cascade_id_needs_db(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from cascade.cli import main
+    from cascade.cli.main import main
 
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(tiny_config("cli")))

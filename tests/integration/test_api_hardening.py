@@ -213,7 +213,7 @@ def test_stage_commands_by_cascade_and_name_or_index(api: ApiServer) -> None:
 def test_cli_stage_by_cascade_and_name(
     api: ApiServer, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from cascade.cli import main
+    from cascade.cli.main import main
 
     body = create(api, tiny_config("cli-by-name"))
     monkeypatch.setenv("CASCADE_API_URL", api.url)
@@ -307,7 +307,7 @@ def test_delete_refused_while_pending_running_or_held(api: ApiServer, engine: En
 def test_cli_delete(
     api: ApiServer, engine: Engine, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from cascade.cli import main
+    from cascade.cli.main import main
 
     body = create(api, tiny_config("cli-delete", stages=("math",)))
     monkeypatch.setenv("CASCADE_API_URL", api.url)

@@ -168,7 +168,7 @@ def test_a_worker_exits_75_when_redis_stays_away_past_its_bound(tmp_path: Path) 
     import subprocess
     import sys
 
-    from cascade.up import REPO, free_port
+    from cascade.up.stack import REPO, free_port
 
     argv = [
         sys.executable,

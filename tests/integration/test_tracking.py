@@ -289,7 +289,7 @@ def test_a_missing_extra_fails_the_cli_before_anything_runs(
 ) -> None:
     import yaml
 
-    from cascade.cli import main
+    from cascade.cli.main import main
 
     monkeypatch.setitem(sys.modules, "wandb", None)
     cfg = _config(tmp_path, random_tiny_model, [])

@@ -14,13 +14,13 @@ import pytest
 import yaml
 from pg_schema import fresh_schema
 
-from cascade import cli
+from cascade.cli.main import main as cli_main
 from cascade.config import load_cascade_config
 from cascade.runner.record import RunRecord, write_record
 from cascade.runner.run_store import RunStore
 from cascade.store import db, leases
 from cascade.store.leases import Holder
-from cascade.up_preflight import refusal
+from cascade.up.preflight import refusal
 
 
 def _config(tmp_path: Path) -> Path:
@@ -73,7 +73,7 @@ def test_a_second_up_on_a_held_postgres_cascade_starts_nothing(
         try:
             argv = ["up", str(cfg), "--db", url, "--cascade-id", str(cascade_id)]
             argv += ["--run-dir", str(tmp_path / "second"), "--log-dir", str(logs)]
-            assert cli.main(argv) == 2
+            assert cli_main(argv) == 2
             err = capsys.readouterr().err
             assert f"cascade {cascade_id} is being run by" in err and f"pid {live.pid}" in err, err
             assert "nothing was started" in err
@@ -104,10 +104,10 @@ def test_a_second_up_resuming_a_held_run_dir_starts_nothing(
     logs = tmp_path / "logs"
     try:
         base = ["up", str(cfg), "--run-dir", str(run_dir), "--log-dir", str(logs)]
-        assert cli.main([*base, "--resume"]) == 2
+        assert cli_main([*base, "--resume"]) == 2
         err = capsys.readouterr().err
         assert f"cascade {cascade_id} is being run by" in err and "nothing was started" in err, err
-        assert cli.main(base) == 2
+        assert cli_main(base) == 2
         assert f"{run_dir} already holds a run: pass --resume" in capsys.readouterr().err
         assert popen_calls == [] and not logs.exists()
 
@@ -129,7 +129,7 @@ def test_up_with_a_missing_model_starts_nothing(
     cfg = _config(tmp_path)
     (tmp_path / "model" / "config.json").unlink()
     assert (
-        cli.main(["up", str(cfg), "--run-dir", str(tmp_path / "run"), "--log-dir", str(tmp_path / "logs")])
+        cli_main(["up", str(cfg), "--run-dir", str(tmp_path / "run"), "--log-dir", str(tmp_path / "logs")])
         == 2
     )
     assert "model.path:" in capsys.readouterr().err

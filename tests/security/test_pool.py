@@ -68,7 +68,7 @@ def test_worker_killed_mid_job_gives_infra_error_and_is_restarted() -> None:
 
 
 def test_cli_check_fails_for_a_root_sandbox_uid(capsys: pytest.CaptureFixture[str]) -> None:
-    from cascade.cli import main
+    from cascade.cli.main import main
 
     if os.geteuid() != 0:
         pytest.skip("the uid setting applies only when running as root")

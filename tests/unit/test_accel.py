@@ -83,7 +83,7 @@ def test_cascade_run_with_cuda_here_fails_before_writing(
 ) -> None:
     if torch.cuda.is_available():
         pytest.skip("this host has CUDA")
-    from cascade.cli import main
+    from cascade.cli.main import main
 
     path = _config(tmp_path, random_tiny_model)
     run_dir = tmp_path / "run"

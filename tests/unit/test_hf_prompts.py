@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from cascade.cli import main as cli_main
+from cascade.cli.main import main as cli_main
 from cascade.config import (
     ConfigError,
     check_paths,

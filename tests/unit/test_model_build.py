@@ -95,7 +95,7 @@ def test_rlhf_needs_a_reward_model() -> None:
 
 
 def test_cli_accepts_the_full_spec() -> None:
-    from cascade.cli import build_parser
+    from cascade.cli.main import build_parser
 
     args = build_parser().parse_args(["model", "init", "--spec", "full", "--out", "x"])
     assert args.spec == "full"

@@ -17,7 +17,7 @@ from cascade.config import ResilienceConfig
 from cascade.distill.samples import DistillSamples
 from cascade.resilience import Dependency, DependencyDown
 from cascade.transport.channel import ServiceUnavailable
-from cascade.up import free_port
+from cascade.up.stack import free_port
 from services.learner.learner import ServiceOutages
 from services.learner.metrics import LearnerMetrics
 from services.learner.replicas import NoReplicaLeft

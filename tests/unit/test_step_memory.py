@@ -138,7 +138,7 @@ def test_a_run_whose_checkpoint_hits_a_full_disk_prints_the_resume_command(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from cascade.cli import main
+    from cascade.cli.main import main
     from cascade.runner import checkpoint
 
     cfg = data(random_tiny_model, tmp_path, group_size=2, prompts_per_step=2)
@@ -170,7 +170,7 @@ def test_outages_are_told_from_bugs() -> None:
     import redis
     from sqlalchemy.exc import OperationalError
 
-    from cascade.cli import _is_outage
+    from cascade.cli.run import _is_outage
     from cascade.resilience import DependencyDown
 
     assert _is_outage(OSError(errno.ENOSPC, "No space left on device"))

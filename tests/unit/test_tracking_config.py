@@ -63,7 +63,7 @@ def test_track_flag_replaces_the_backends_and_leaves_the_training_hash() -> None
 
 
 def test_cli_refuses_an_unknown_backend(capsys: pytest.CaptureFixture[str]) -> None:
-    from cascade.cli import build_parser
+    from cascade.cli.main import build_parser
 
     with pytest.raises(SystemExit) as exit_:
         build_parser().parse_args(["run", "x.yaml", "--track", "mlflow,comet"])
@@ -74,7 +74,7 @@ def test_cli_refuses_an_unknown_backend(capsys: pytest.CaptureFixture[str]) -> N
 
 
 def test_up_passes_track_to_the_learner(tmp_path: Path) -> None:
-    from cascade.up import LocalStack, Proc
+    from cascade.up.stack import LocalStack, Proc
     from services.learner.main import parse_args
 
     config = tmp_path / "c.yaml"

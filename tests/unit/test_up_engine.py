@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cascade.cli import build_parser, main
-from cascade.cli_engine import engine_launch, vllm_settings
+from cascade.cli.engine import engine_launch, vllm_settings
+from cascade.cli.main import build_parser, main
 from cascade.config import VllmEngineConfig
 from cascade.engine import vllm_env
-from cascade.up import LocalStack
+from cascade.up.stack import LocalStack
 
 
 def _stack(tmp_path: Path, model: Path, **kwargs: object) -> LocalStack:

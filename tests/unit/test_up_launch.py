@@ -7,8 +7,8 @@ import json
 import shlex
 from pathlib import Path
 
-from cascade.cli import build_parser
-from cascade.cli_engine import engine_launch
+from cascade.cli.engine import engine_launch
+from cascade.cli.main import build_parser
 from cascade.config import VllmEngineConfig
 from cascade.runner.record import (
     RunRecord,
@@ -19,8 +19,8 @@ from cascade.runner.record import (
     resume_command,
     write_record,
 )
-from cascade.up import LocalStack
-from cascade.up_supervisor import RestartBound
+from cascade.up.stack import LocalStack
+from cascade.up.supervisor import RestartBound
 
 
 def _record(run_dir: Path, **kw: object) -> RunRecord:

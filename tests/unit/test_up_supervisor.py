@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from cascade.up import LocalStack, Proc
-from cascade.up_supervisor import GaveUp, RestartBound, Supervisor
+from cascade.up.stack import LocalStack, Proc
+from cascade.up.supervisor import GaveUp, RestartBound, Supervisor
 
 
 class Clock:

@@ -6,7 +6,7 @@ learner, each in its own session (its pid is its process group), on free loopbac
 the local Redis and the given database. Prints where each listens and where it logs; when the
 learner finishes, or on Ctrl-C / SIGTERM, stops them all (SIGTERM to each group, SIGKILL to what
 lingers), the learner first. With `supervise`, a process other than the learner that dies is
-reported and started again (`cascade.up_supervisor`). Logs are appended to, never truncated:
+reported and started again (`cascade.up.supervisor`). Logs are appended to, never truncated:
 each start of a process writes a marker line first, and `Proc.log()` is what this start wrote.
 
 The services are started by module name (`python -m services...`): `cascade` imports none of them.
@@ -30,9 +30,9 @@ from typing import Any, Literal
 from cascade.config import VllmEngineConfig
 from cascade.engine import vllm_env
 from cascade.transport.health import wait_until_serving
-from cascade.up_supervisor import RestartBound, Supervised, Supervisor
+from cascade.up.supervisor import RestartBound, Supervised, Supervisor
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def free_port() -> int:
@@ -215,7 +215,7 @@ class LocalStack:
     report: Callable[[str], None] = _report
     """Where the supervisor's reports go (stderr, timestamped)."""
     launch_extra: dict[str, Any] = field(default_factory=dict)
-    """More of `launch()` (the engine's flags: `cascade.cli_engine.engine_launch`)."""
+    """More of `launch()` (the engine's flags: `cascade.cli.engine.engine_launch`)."""
     procs: dict[str, Proc] = field(default_factory=dict)
     supervisor: Supervisor | None = None
     _record_seen: int = 0
@@ -364,7 +364,7 @@ class LocalStack:
         return shown + len(data)
 
     def check(self) -> None:
-        """One supervision pass over every process but the learner (see `cascade.up_supervisor`)."""
+        """One supervision pass over every process but the learner (see `cascade.up.supervisor`)."""
         if self.supervisor is None:
             self.supervisor = Supervisor(self.restart_bound, restart=self._restart, report=self.report)
         watched = [p for n, p in self.procs.items() if n != "learner" and not p.stopped and p.popen]

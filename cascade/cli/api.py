@@ -1,7 +1,7 @@
 """`cascade api ...` and `cascade stage ...`: the control plane from the command line.
 
 `cascade api serve` hands over to the service (`python -m services.api.main`, exec'd: `cascade/`
-never imports `services/`); the other commands are REST calls through `cascade.api_client`.
+never imports `services/`); the other commands are REST calls through `cascade.cli.api_client`.
 The API's URL and token come from --api / --token or CASCADE_API_URL / CASCADE_API_TOKEN.
 """
 
@@ -16,13 +16,13 @@ from typing import Any
 
 
 def _client(args: argparse.Namespace):  # -> ApiClient
-    from cascade.api_client import ApiClient
+    from cascade.cli.api_client import ApiClient
 
     return ApiClient(args.api, args.token)
 
 
 def _call(fn: Any, *fargs: Any) -> tuple[int, Any]:
-    from cascade.api_client import ApiError
+    from cascade.cli.api_client import ApiError
 
     try:
         return 0, fn(*fargs)
