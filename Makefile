@@ -115,6 +115,7 @@ docs: install
 
 lint: install
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports --no-cache
 	$(VENV)/bin/mypy cascade
 	$(VENV)/bin/mypy services/api
 	$(VENV)/bin/mypy services/rollout services/teacher services/learner
@@ -125,6 +126,7 @@ lint: install
 test: install services sandbox chromium docker $(TINY)/config.json
 	$(MAKE) -j2 vllm-env images
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports --no-cache
 	$(VENV)/bin/mypy cascade
 	$(VENV)/bin/mypy services/api
 	$(VENV)/bin/mypy services/rollout services/teacher services/learner

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from cascade.domains.sandbox import Job, SandboxLimits, run_jobs
+from cascade.sandbox.jobs import Job, SandboxLimits, run_jobs
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "reward.json"

@@ -149,6 +149,7 @@ def _run_embedded(args: argparse.Namespace, cfg, run_dir: Path, world) -> int:
     from cascade.runner.report import print_regression_table
     from cascade.runner.run_store import CascadeMismatch, LeaseHeld
     from cascade.sandbox.pool import SandboxUnavailable
+    from cascade.tracking import TrackingUnavailable
 
     console = Console(stderr=True)
     progress = RunProgress(enabled=not args.no_progress, console=console)
@@ -168,7 +169,9 @@ def _run_embedded(args: argparse.Namespace, cfg, run_dir: Path, world) -> int:
             follow=args.follow,
         )
         result = runner.run()
-    except (RunDirError, ModelLoadError, CascadeMismatch, LeaseHeld, SandboxUnavailable, DeviceError) as err:
+    except (RunDirError, TrackingUnavailable, ModelLoadError, CascadeMismatch, LeaseHeld) as err:
+        return fail(str(err))
+    except (SandboxUnavailable, DeviceError) as err:
         return fail(str(err))
     except KeyboardInterrupt:
         progress.stop()

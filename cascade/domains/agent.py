@@ -40,9 +40,10 @@ from typing import Any
 
 from cascade.config import AgentReward
 from cascade.domains.base import INFRA_ERROR, NO_ANSWER, OK, PARSE_ERROR, WRONG_ANSWER, Problem, RewardVerdict
-from cascade.domains.common import Candidate, generate_problems, strip_thinking
+from cascade.domains.common import Candidate, generate_problems
 from cascade.domains.function_calls import match_calls
-from cascade.domains.sandbox import BwrapSettings, SandboxLimits, resolve_backend
+from cascade.model.chat import strip_thinking
+from cascade.sandbox.jobs import BwrapSettings, SandboxLimits, resolve_backend
 from cascade.tools.builtin import PythonTool, ToolUnavailable
 from cascade.tools.environment import (
     ERROR_PREFIX,

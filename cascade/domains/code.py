@@ -2,7 +2,7 @@
 
 A prompt shows `f(2)=5 f(7)=10 f(0)=3. Write f.`; the reference answer is one canonical
 program per family (`def f(x):\\n    return x+3`). The verifier runs the program on the three
-shown and three hidden inputs in the sandbox (`cascade.domains.sandbox`). The shown examples
+shown and three hidden inputs in the sandbox (`cascade.sandbox.jobs`). The shown examples
 are chosen so that no other function of the families agrees with them but differs on the
 hidden inputs: a correct answer is inferable.
 
@@ -31,8 +31,9 @@ from cascade.domains.base import (
     Problem,
     RewardVerdict,
 )
-from cascade.domains.common import Candidate, generate_problems, strip_thinking
-from cascade.domains.sandbox import BwrapSettings, ExecResult, Job, SandboxLimits, resolve_backend, run_jobs
+from cascade.domains.common import Candidate, generate_problems
+from cascade.model.chat import strip_thinking
+from cascade.sandbox.jobs import BwrapSettings, ExecResult, Job, SandboxLimits, resolve_backend, run_jobs
 
 
 @dataclass(frozen=True)

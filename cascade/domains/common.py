@@ -70,25 +70,6 @@ def generate_problems(
     return problems
 
 
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
-
-
-def strip_thinking(completion: str) -> str:
-    """The final response: what follows the last `</think>`, up to any `<think>` left open.
-
-    Everything before the last `</think>` is reasoning, whether its `<think>` is in the
-    completion (Qwen3-style templates, where the model writes it) or in the prompt (templates
-    that open the block in the generation prompt, so the completion starts inside it). An
-    answer written only in the reasoning never counts, and a block left open drops the rest.
-    """
-    close = completion.rfind(THINK_CLOSE)
-    text = completion[close + len(THINK_CLOSE) :] if close >= 0 else completion
-    start = text.find(THINK_OPEN)
-    if start >= 0:
-        text = text[:start]
-    return text.strip()
-
-
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 

@@ -22,7 +22,7 @@ from random import Random
 
 from cascade.config import IfReward
 from cascade.domains.base import INFRA_ERROR, NO_ANSWER, OK, WRONG_ANSWER, Problem, RewardVerdict
-from cascade.domains.common import Candidate, generate_problems, strip_thinking
+from cascade.domains.common import Candidate, generate_problems
 from cascade.domains.if_rules import (
     AllLowercase,
     AllUppercase,
@@ -39,6 +39,7 @@ from cascade.domains.if_rules import (
     rule_from_json,
 )
 from cascade.domains.if_rules import check_rules as strict_check
+from cascade.model.chat import strip_thinking
 
 VOCAB = (
     "red fox sun cat dog tree sky sea moon star rain wind leaf bird fish rock hill lake road door "

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from cascade.domains.base import OUTPUT_LIMIT, Domain, Problem, RewardVerdict
-from cascade.domains.common import strip_thinking
+from cascade.model.chat import strip_thinking
 
 ScoreFn = Callable[[Sequence[Problem], Sequence[str]], list[RewardVerdict]]
 

@@ -70,10 +70,11 @@ from cascade.domains.base import (
     Problem,
     RewardVerdict,
 )
-from cascade.domains.common import Candidate, LruCache, generate_problems, strip_thinking
+from cascade.domains.common import Candidate, LruCache, generate_problems
 from cascade.domains.math_closed_form import not_closed_form
 from cascade.domains.math_notation import delimit_inline_math, normalise_notation
 from cascade.domains.worker_pool import Outcome, WorkerPool, default_size
+from cascade.model.chat import strip_thinking
 
 log = logging.getLogger(__name__)
 

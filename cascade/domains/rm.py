@@ -39,8 +39,9 @@ import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from cascade.domains.base import INFRA_ERROR, NO_ANSWER, OK, Problem, RewardVerdict
-from cascade.domains.common import LruCache, strip_thinking
+from cascade.domains.common import LruCache
 from cascade.domains.rlhf_preferences import make_rlhf_problems
+from cascade.model.chat import strip_thinking
 from cascade.model.reward_model import format_rm_input
 
 Shaping = Literal["none", "group_tanh"]

@@ -62,7 +62,7 @@ from cascade.domains.base import (
     Problem,
     RewardVerdict,
 )
-from cascade.domains.common import Candidate, LruCache, generate_problems, strip_thinking
+from cascade.domains.common import Candidate, LruCache, generate_problems
 from cascade.domains.patches import (
     Patch,
     PatchParseError,
@@ -71,7 +71,6 @@ from cascade.domains.patches import (
     parse_patch,
     patches_equal,
 )
-from cascade.domains.sandbox import BwrapSettings, ExecResult, Job, SandboxLimits, resolve_backend, run_jobs
 from cascade.domains.swe_exec import (
     PatchRejected,
     apply_to_repo,
@@ -81,6 +80,8 @@ from cascade.domains.swe_exec import (
     test_files,
 )
 from cascade.domains.swe_judge import JudgeInputTooLong, PatchJudge
+from cascade.model.chat import strip_thinking
+from cascade.sandbox.jobs import BwrapSettings, ExecResult, Job, SandboxLimits, resolve_backend, run_jobs
 
 NO_CHANGE = "no_change"
 """Reason of a patch that changes nothing (blank, only context, or removes and re-adds the same lines)."""

@@ -40,7 +40,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from cascade.domains.patches import Patch, PatchParseError, apply_file_patch
-from cascade.domains.sandbox import Job
+from cascade.sandbox.jobs import Job
 
 ENTRY_POINT = "cascade_swe_check"
 PASSED = "passed"

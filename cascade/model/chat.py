@@ -81,3 +81,22 @@ def encode_messages(
 ) -> list[int]:
     text = render_messages(tokenizer, chat, messages, thinking)
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+
+
+def strip_thinking(completion: str) -> str:
+    """The final response: what follows the last `</think>`, up to any `<think>` left open.
+
+    Everything before the last `</think>` is reasoning, whether its `<think>` is in the
+    completion (Qwen3-style templates, where the model writes it) or in the prompt (templates
+    that open the block in the generation prompt, so the completion starts inside it). An
+    answer written only in the reasoning never counts, and a block left open drops the rest.
+    """
+    close = completion.rfind(THINK_CLOSE)
+    text = completion[close + len(THINK_CLOSE) :] if close >= 0 else completion
+    start = text.find(THINK_OPEN)
+    if start >= 0:
+        text = text[:start]
+    return text.strip()

@@ -1,6 +1,6 @@
 """The sandbox harness: a warm interpreter that forks one limited child per program.
 
-Run as `python -I -S harness.py` by `cascade.domains.sandbox.run_jobs` (the `process` backend),
+Run as `python -I -S harness.py` by `cascade.sandbox.jobs.run_jobs` (the `process` backend),
 which writes
 `{"limits": ..., "workers": n, "workdir": dir, "jobs": [...]}` to its stdin; it prints one JSON line per
 finished job (`{"i", "status", "passed", "passed_tests", "total", "detail", "seconds"}`), in

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from cascade.domains.sandbox import (
+from cascade.sandbox.jobs import (
     INFRA_ERROR,
     OK,
     WRONG_ANSWER,

@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cascade.domains.common import strip_thinking
+from cascade.model.chat import strip_thinking
 from cascade.tools.builtin import Calc, KeyValueStore, KvGet, KvList, KvSet, PythonTool, Tool, ToolError
 from cascade.tools.template import ToolCallText, ToolFormat
 

@@ -16,15 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from cascade.runner.run_state import RunDirError
-
 EXTRA_HINT = "pip install 'cascade-rl[tracking]'"
 
 MODULES: dict[str, str] = {"tensorboard": "tensorboard", "mlflow": "mlflow", "wandb": "wandb"}
 """The module each backend imports (all three come with the `tracking` extra)."""
 
 
-class TrackingUnavailable(RunDirError):
+class TrackingUnavailable(Exception):
     """A configured tracking backend's library is not installed, or its run cannot be opened:
     the run cannot start as configured (the CLIs print it as one line, like a run-dir error)."""
 

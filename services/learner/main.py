@@ -156,6 +156,7 @@ def _drive(args: argparse.Namespace, cfg: Any, world: Any) -> int:
     from cascade.runner.run_state import RunDirError
     from cascade.runner.run_store import CascadeMismatch, LeaseHeld
     from cascade.sandbox.pool import SandboxUnavailable
+    from cascade.tracking import TrackingUnavailable
     from services.learner.learner import distributed_runner
 
     def log(line: str) -> None:
@@ -210,7 +211,8 @@ def _drive(args: argparse.Namespace, cfg: Any, world: Any) -> int:
             on_step=metrics.observe,
             world=world,
         )
-    except (RunDirError, CascadeMismatch, LeaseHeld, ValueError) as err:  # ValueError: also a DeviceError
+    # ValueError: also a DeviceError
+    except (RunDirError, TrackingUnavailable, CascadeMismatch, LeaseHeld, ValueError) as err:
         http.shutdown()
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -218,7 +220,7 @@ def _drive(args: argparse.Namespace, cfg: Any, world: Any) -> int:
     training.set()
     try:
         result = learner.run()
-    except (RunDirError, CascadeMismatch, LeaseHeld, SandboxUnavailable) as err:
+    except (RunDirError, TrackingUnavailable, CascadeMismatch, LeaseHeld, SandboxUnavailable) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except (DependencyDown, NoReplicaLeft) as err:  # past resilience.*, or --rollout-wait-s at start

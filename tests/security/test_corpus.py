@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from cascade.domains.sandbox import Job, SandboxLimits, run_jobs
+from cascade.sandbox.jobs import Job, SandboxLimits, run_jobs
 from cascade.sandbox.pool import BwrapSettings, SandboxPool, SandboxUnavailable
 
 CORPUS = sorted((Path(__file__).parent / "corpus").glob("*.py"))

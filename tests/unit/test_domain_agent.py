@@ -12,7 +12,7 @@ from cascade.config import AgentReward, ConfigError, DomainConfig, parse_domain_
 from cascade.domains import load_problems, make_domain
 from cascade.domains.agent import AgentDomain, default_format, make_store, render_trace
 from cascade.domains.base import INFRA_ERROR, OK, WRONG_ANSWER
-from cascade.domains.sandbox import BwrapSettings, SandboxLimits
+from cascade.sandbox.jobs import BwrapSettings, SandboxLimits
 from cascade.sandbox.pool import SandboxUnavailable
 from cascade.tools.builtin import PythonTool, ToolUnavailable
 from cascade.tools.environment import BAD_JSON, episode_metrics

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 import cascade.domains.base as base
-from cascade.domains import sandbox
-from cascade.domains.sandbox import ExecResult, Job, SandboxLimits, run_jobs
 from cascade.sandbox import harness as sandbox_harness
+from cascade.sandbox import jobs as sandbox
+from cascade.sandbox.jobs import ExecResult, Job, SandboxLimits, run_jobs
 from cascade.sandbox.pool import HARNESS_FILES, BwrapSettings, stage_harness
 
 LIMITS = SandboxLimits(time_limit_s=0.5, memory_mb=256, max_output_bytes=4096, max_processes=8)
