@@ -81,7 +81,8 @@ def make_batch(args: argparse.Namespace) -> tuple[Any, list[Any], Any]:
     """(RL plan, distillation data, stage): the same on every rank (seeded, computed on the CPU)."""
     from bench.learner_scale import _tokens, synthetic_plan
     from cascade.config import StageConfig
-    from cascade.distill.samples import DistillSamples, local_teacher_tokens
+    from cascade.distill.modes import local_teacher_tokens
+    from cascade.distill.samples import DistillSamples
     from cascade.engine.batch import build_batch
     from cascade.engine.logprobs import completion_logprobs
     from cascade.runner.distill import DistillData

@@ -125,7 +125,8 @@ def synthetic_plan(prompts: int, group: int, tokens: int, vocab: int, seed: int 
 def synthetic_distill(model_dir: Path, rows: int, tokens: int, vocab: int, stage: Any) -> list[Any]:
     """One teacher's `sampled` term: `rows` student sequences, their rollout log-probs the
     student's own (on-policy: every token kept), scored by the perturbed model as the teacher."""
-    from cascade.distill.samples import DistillSamples, local_teacher_tokens
+    from cascade.distill.modes import local_teacher_tokens
+    from cascade.distill.samples import DistillSamples
     from cascade.engine.batch import build_batch
     from cascade.engine.logprobs import completion_logprobs
     from cascade.model.loading import load_model_weights_only

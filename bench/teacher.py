@@ -25,7 +25,8 @@ from pathlib import Path
 import torch
 from model_services import ROOT, random_model, service
 
-from cascade.engine.scoring import Mode, ScoreRequest, score_sequences
+from cascade.distill.modes import Mode
+from cascade.distill.scoring import ScoreRequest, score_sequences
 from cascade.model.loading import load_model_weights_only
 from cascade.transport.teacher_client import TeacherClient
 

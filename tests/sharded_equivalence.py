@@ -20,7 +20,8 @@ import torch
 
 from cascade.accel import resolve_learner
 from cascade.config import LearnerConfig, StageConfig
-from cascade.distill.samples import DistillSamples, local_teacher_tokens
+from cascade.distill.modes import local_teacher_tokens
+from cascade.distill.samples import DistillSamples
 from cascade.engine.batch import build_batch
 from cascade.model.loading import load_model_weights_only
 from cascade.parallel.launch import start_rank

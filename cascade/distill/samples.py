@@ -1,19 +1,16 @@
 """The distillation data: the student's samples on a teacher's prompts (`DistillSamples`), their
-batch layout (`distill_batch`), and a teacher's view of them (`TeacherTokens`), computed in this
-process (`local_teacher_tokens`) or from the teacher service's reply (`remote_teacher_tokens`)."""
+batch layout (`distill_batch`), a teacher service's reply for one sequence (`SequenceScores`) and
+a teacher's view of the whole batch (`TeacherTokens`). Which fields of the last two a loss mode
+fills is the mode's to say (`cascade.distill.modes`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
-from transformers import PreTrainedModel
 
 from cascade.algo.turn_mask import TurnLayout, model_token_mask
-from cascade.config import DistillConfig
 from cascade.engine.batch import SequenceBatch, build_batch
-from cascade.engine.logprobs import completion_logits, completion_logprobs, gather_logprobs
-from cascade.engine.scoring import SequenceScores
 
 
 @dataclass
@@ -61,12 +58,13 @@ def distill_batch(samples: DistillSamples, pad_id: int) -> SequenceBatch:
 @dataclass
 class TeacherTokens:
     """A teacher's view of the distillation batch, on its `build_batch` layout (B sequences,
-    C completion positions; padding positions are 0). Which fields are set depends on the loss:
+    C completion positions; padding positions are 0). Which fields are set depends on the loss
+    mode (`DistillMode.local_tokens` / `remote_tokens`):
 
-    - sampled: `logprobs` [B, C] at the distillation temperature;
-    - full: `logits` [B, C, V] (logits or T=1 log-probs: the loss only uses their softmax);
-    - topk: `topk_ids`, `topk_logprobs` [B, C, k] at T=1, and `logprobs_t1` [B, C] for the
-      reverse-KL metric.
+    - `logprobs` [B, C]: the completion tokens' log-probs at the distillation temperature;
+    - `logits` [B, C, V]: logits or T=1 log-probs (the loss only uses their softmax);
+    - `topk_ids`, `topk_logprobs` [B, C, k]: the k most likely ids and their T=1 log-probs;
+    - `logprobs_t1` [B, C]: the completion tokens' T=1 log-probs (a reverse-KL metric).
     """
 
     logprobs: torch.Tensor | None = None
@@ -105,54 +103,20 @@ class TeacherTokens:
         )
 
 
-@torch.no_grad()
-def local_teacher_tokens(teacher: PreTrainedModel, sb: SequenceBatch, cfg: DistillConfig) -> TeacherTokens:
-    """The teacher's tokens computed in this process (embedded mode), on the teacher's device."""
-    sb = sb.to(teacher.device)
-    if cfg.loss == "sampled":
-        return TeacherTokens(logprobs=completion_logprobs(teacher, sb, cfg.temperature))
-    logits = completion_logits(teacher, sb, 1.0)
-    if cfg.loss == "full":
-        return TeacherTokens(logits=logits)
-    k = min(cfg.topk, logits.shape[-1])
-    # Untempered (T = 1) log-probs: topk_distill_loss applies T itself (tempering here
-    # too would put the teacher at T^2).
-    top_lp, top_ids = torch.log_softmax(logits, dim=-1).topk(k, dim=-1)
-    return TeacherTokens(
-        topk_ids=top_ids, topk_logprobs=top_lp, logprobs_t1=gather_logprobs(logits, sb.completion_ids)
-    )
+@dataclass
+class SequenceScores:
+    """A teacher's scores of one sequence (its mode fills some fields); C = its completion length,
+    k = top-k size, V = vocabulary. Tensors on the CPU."""
+
+    logprobs: torch.Tensor | None = None  # [C] the completion tokens' log-probs
+    topk_ids: torch.Tensor | None = None  # [C, k] most likely first
+    topk_logprobs: torch.Tensor | None = None  # [C, k]
+    full_logprobs: torch.Tensor | None = None  # [C, V]
 
 
-def _pad_rows(rows: list[torch.Tensor], width: int) -> torch.Tensor:
+def pad_rows(rows: list[torch.Tensor], width: int) -> torch.Tensor:
     """[n_i, ...] rows -> [B, width, ...], zero-padded."""
     out = torch.zeros((len(rows), width, *rows[0].shape[1:]), dtype=rows[0].dtype)
     for i, row in enumerate(rows):
         out[i, : row.shape[0]] = row[:width]
     return out
-
-
-def remote_teacher_tokens(
-    scores: list[SequenceScores],
-    sb: SequenceBatch,
-    cfg: DistillConfig,
-    t1: list[SequenceScores] | None = None,
-) -> TeacherTokens:
-    """The teacher service's answer (`scores`, in the mode the loss needs; `t1`: sampled-mode
-    scores at T=1, for the top-k loss's reverse-KL metric) on the learner's batch layout."""
-    width = sb.completion_ids.shape[1]
-
-    def pad(name: str, rows: list[SequenceScores]) -> torch.Tensor:
-        values = [getattr(r, name) for r in rows]
-        if any(v is None for v in values):
-            raise ValueError(f"teacher reply lacks {name} for a {cfg.loss} loss")
-        return _pad_rows(values, width)
-
-    if cfg.loss == "sampled":
-        return TeacherTokens(logprobs=pad("logprobs", scores))
-    if cfg.loss == "full":
-        return TeacherTokens(logits=pad("full_logprobs", scores))
-    return TeacherTokens(
-        topk_ids=pad("topk_ids", scores).long(),
-        topk_logprobs=pad("topk_logprobs", scores),
-        logprobs_t1=pad("logprobs", t1) if t1 is not None else None,
-    )

@@ -15,25 +15,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 from transformers import PreTrainedModel
 
-from cascade.algo import (
-    FullDistillInput,
-    SampledDistillInput,
-    TopkDistillInput,
-    full_distill_loss,
-    sampled_distill_loss,
-    topk_distill_loss,
-)
 from cascade.algo.masking import SumOverRanks
 from cascade.algo.turn_mask import TurnLayout
 from cascade.config import DistillConfig, StageConfig
-from cascade.distill.samples import DistillSamples, TeacherTokens, distill_batch, local_teacher_tokens
+from cascade.distill.modes import distill_mode, local_teacher_tokens
+from cascade.distill.samples import DistillSamples, TeacherTokens, distill_batch
 from cascade.domains.base import Problem
 from cascade.engine.base import SamplingSettings
 from cascade.engine.batch import SequenceBatch
-from cascade.engine.logprobs import completion_logits, completion_logprobs, gather_logprobs
 from cascade.rollout.requests import request_seed
 from cascade.rollout.scoring import multi_turn_setup
 from cascade.runner.optimizer_step import LossTerm, placeholder_batch
@@ -202,63 +193,10 @@ def distill_loss_term(
     reduce: SumOverRanks | None = None,
 ) -> LossTerm:
     """The distillation loss of the student (`model`) against a teacher's tokens, computed on the
-    student's device (the batch and the teacher's tokens are moved there). With `reduce`, the
-    rows are one rank's share and the loss and metrics are global (see `SumOverRanks`)."""
+    student's device (the batch and the teacher's tokens are moved there) by the loss mode
+    (`DistillMode.loss`). With `reduce`, the rows are one rank's share and the loss and metrics
+    are global (see `SumOverRanks`)."""
     device = model.device
     sb, teacher = sb.to(device), teacher.to(device)
-    t = cfg.temperature
-    if cfg.loss == "sampled":
-        assert teacher.logprobs is not None
-        student = completion_logprobs(model, sb, t)
-        rollout = None
-        if abs(samples.temperature - t) < 1e-9:
-            rollout = samples.padded_rollout_logprobs(sb.completion_ids.shape[1]).to(device)
-        out = sampled_distill_loss(
-            SampledDistillInput(
-                student_logprobs=student,
-                teacher_logprobs=teacher.logprobs,
-                mask=sb.completion_mask,
-                rollout_logprobs=rollout,
-                reduce=reduce,
-            )
-        )
-    else:
-        student_logits = completion_logits(model, sb, 1.0)
-        teacher_lp: torch.Tensor | None
-        if cfg.loss == "full":
-            assert teacher.logits is not None
-            out = full_distill_loss(
-                FullDistillInput(
-                    student_logits=student_logits,
-                    teacher_logits=teacher.logits,
-                    mask=sb.completion_mask,
-                    temperature=t,
-                    reduce=reduce,
-                )
-            )
-            teacher_lp = gather_logprobs(teacher.logits, sb.completion_ids)
-        else:
-            assert teacher.topk_ids is not None and teacher.topk_logprobs is not None
-            out = topk_distill_loss(
-                TopkDistillInput(
-                    student_logits=student_logits,
-                    teacher_topk_ids=teacher.topk_ids,
-                    teacher_topk_logprobs=teacher.topk_logprobs,
-                    mask=sb.completion_mask,
-                    temperature=t,
-                    reduce=reduce,
-                )
-            )
-            teacher_lp = teacher.logprobs_t1
-        if teacher_lp is not None:
-            with torch.no_grad():
-                student_lp = gather_logprobs(student_logits, sb.completion_ids)
-                m = sb.completion_mask
-                # masked positions replaced, not multiplied: a teacher's value there is no input
-                gap = torch.where(m > 0, student_lp - teacher_lp, torch.zeros_like(student_lp)).sum()
-                if reduce is None:
-                    kl = gap / m.sum().clamp(min=1)
-                else:
-                    kl = reduce(gap) / reduce(m.sum()).clamp(min=1)
-                out.metrics["reverse_kl"] = float(kl)
+    out = distill_mode(cfg.loss).loss(model, sb, teacher, samples, cfg, reduce)
     return LossTerm(out.loss, {f"distill_{samples.teacher}_{k}": v for k, v in out.metrics.items()})

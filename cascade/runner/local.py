@@ -15,7 +15,8 @@ from typing import Any
 import torch
 
 from cascade.config import DistillConfig
-from cascade.distill.samples import DistillSamples, TeacherTokens, local_teacher_tokens
+from cascade.distill.modes import local_teacher_tokens
+from cascade.distill.samples import DistillSamples, TeacherTokens
 from cascade.domains.base import Domain, Problem, RewardVerdict
 from cascade.engine.base import SamplingSettings, VersionedGeneration
 from cascade.engine.batch import SequenceBatch

@@ -1,5 +1,5 @@
 """A typed client of the teacher service (`proto/cascade/v1/teacher.proto`): token ids in,
-`cascade.engine.scoring.SequenceScores` (tensors, like the in-process computation) out."""
+`cascade.distill.samples.SequenceScores` (tensors, like the in-process computation) out."""
 
 from __future__ import annotations
 
@@ -10,12 +10,11 @@ import grpc
 import numpy as np
 import torch
 
-from cascade.engine.scoring import Mode, SequenceScores
+from cascade.distill.modes import Mode, SampledMode, distill_mode
+from cascade.distill.samples import SequenceScores
 from cascade.transport.channel import open_channel
 from cascade_proto.v1 import teacher_pb2 as pb
 from cascade_proto.v1 import teacher_pb2_grpc as pb_grpc
-
-MODE_ENUM = {"sampled": pb.LOGPROB_MODE_SAMPLED, "topk": pb.LOGPROB_MODE_TOPK, "full": pb.LOGPROB_MODE_FULL}
 
 
 @dataclass
@@ -43,13 +42,13 @@ class TeacherClient:
         prompt_ids: list[list[int]],
         completion_ids: list[list[int]],
         *,
-        mode: Mode = "sampled",
+        mode: Mode = SampledMode.name,
         temperature: float = 1.0,
         topk: int = 0,
     ) -> TeacherReply:
         request = pb.LogprobsRequest(
             teacher=teacher,
-            mode=MODE_ENUM[mode],
+            mode=distill_mode(mode).proto_enum,
             topk=topk,
             temperature=temperature,
             sequences=[

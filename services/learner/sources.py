@@ -35,7 +35,8 @@ import grpc
 import torch
 
 from cascade.config import DistillConfig
-from cascade.distill.samples import DistillSamples, TeacherTokens, remote_teacher_tokens
+from cascade.distill.modes import distill_mode
+from cascade.distill.samples import DistillSamples, TeacherTokens
 from cascade.engine.base import SamplingSettings, VersionedGeneration
 from cascade.engine.batch import SequenceBatch
 from cascade.model.loading import Policy
@@ -309,13 +310,12 @@ class ServiceTeachers:
     def tokens(
         self, teacher: str, samples: DistillSamples, sb: SequenceBatch, cfg: DistillConfig
     ) -> TeacherTokens:
-        mode_t = cfg.temperature if cfg.loss == "sampled" else 1.0
-        topk = min(cfg.topk, self.vocab_size)
-        reply = self._logprobs(teacher, samples, mode=cfg.loss, temperature=mode_t, topk=topk)
-        t1 = None
-        if cfg.loss == "topk":
-            t1 = self._logprobs(teacher, samples, mode="sampled").scores
-        return remote_teacher_tokens(reply.scores, sb, cfg, t1)
+        mode = distill_mode(cfg.loss)
+        replies = [
+            self._logprobs(teacher, samples, mode=r.mode, temperature=r.temperature, topk=r.topk).scores
+            for r in mode.requests(cfg, self.vocab_size)
+        ]
+        return mode.remote_tokens(replies, sb)
 
     def close(self) -> None:
         self.client.close()

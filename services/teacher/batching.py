@@ -3,7 +3,7 @@
 One worker thread owns the model(s): it takes the oldest waiting request and, while other
 requests are announced (their RPC has arrived but is still being parsed), waits up to
 `max_wait_s` for them, until `max_batch_sequences` sequences for the same teacher are waiting;
-then it scores them together with `cascade.engine.scoring.score_sequences`. A lone request
+then it scores them together with `cascade.distill.scoring.score_sequences`. A lone request
 never waits. A request with a bad sequence fails alone; the others in its batch are scored.
 """
 
@@ -17,8 +17,9 @@ from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from cascade.distill.samples import SequenceScores
+from cascade.distill.scoring import ScoreRequest, check_score_request, score_sequences
 from cascade.engine.base import EngineRequestError
-from cascade.engine.scoring import ScoreRequest, SequenceScores, check_score_request, score_sequences
 from services.teacher.pool import TeacherPool
 
 log = logging.getLogger(__name__)

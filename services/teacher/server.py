@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import grpc
 
+from cascade.distill.modes import MODES, distill_mode, mode_of_enum
+from cascade.distill.samples import SequenceScores
+from cascade.distill.scoring import ScoreRequest
 from cascade.engine.base import EngineRequestError
-from cascade.engine.scoring import Mode, ScoreRequest, SequenceScores
 from cascade.transport.grpc_server import DEFAULT_MAX_MESSAGE_BYTES, RpcCall
 from cascade_proto.v1 import teacher_pb2 as pb
 from cascade_proto.v1 import teacher_pb2_grpc as pb_grpc
@@ -18,11 +20,8 @@ from services.teacher.metrics import TeacherMetrics
 from services.teacher.pool import TeacherLoadError, TeacherPool, TeacherStatus, UnknownTeacherError
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["TeacherService"].full_name
-MODES: dict[int, Mode] = {
-    pb.LOGPROB_MODE_SAMPLED: "sampled",
-    pb.LOGPROB_MODE_TOPK: "topk",
-    pb.LOGPROB_MODE_FULL: "full",
-}
+_ENUM_NAMES = [pb.LogprobMode.Name(m.proto_enum) for m in MODES.values()]
+BAD_MODE = f"mode: set {', '.join(_ENUM_NAMES[:-1])} or {_ENUM_NAMES[-1]}"
 
 
 class BadRequest(ValueError):
@@ -63,23 +62,19 @@ class TeacherServicer(pb_grpc.TeacherServiceServicer):
                 future = self.batcher.submit(request.teacher, score_request)
             scored = future.result(timeout=context.time_remaining())
             self._sync_pool_metrics()
-            mode = score_request.mode
+            mode = distill_mode(score_request.mode)
             tokens = sum(len(c) for c in score_request.completion_ids)
-            if mode == "full" and tokens * scored.vocab_size * 4 > self.max_message_bytes:
-                raise BadRequest(
-                    f"full log-probs for {tokens} tokens x {scored.vocab_size} vocabulary "
-                    f"({tokens * scored.vocab_size * 4 / 2**20:.0f} MiB) exceed the "
-                    f"{self.max_message_bytes / 2**20:.0f} MiB message limit: "
-                    "send fewer sequences or use topk"
-                )
+            too_big = mode.reply_size_error(tokens, scored.vocab_size, self.max_message_bytes)
+            if too_big is not None:
+                raise BadRequest(too_big)
             reply = pb.LogprobsResponse(
                 teacher=request.teacher,
                 checkpoint=scored.checkpoint,
                 vocab_size=scored.vocab_size,
-                topk=score_request.topk if mode == "topk" else 0,
+                topk=mode.reply_topk(score_request.topk),
                 sequences=[_sequence(s) for s in scored.scores],
             )
-            self.metrics.record_response(request.teacher, mode, tokens, reply.ByteSize())
+            self.metrics.record_response(request.teacher, mode.name, tokens, reply.ByteSize())
             return reply
 
     def SetTeacher(  # noqa: N802 - gRPC method name
@@ -112,9 +107,9 @@ class TeacherServicer(pb_grpc.TeacherServiceServicer):
         if request.teacher not in self.pool.names():
             known = ", ".join(self.pool.names()) or "none"
             raise BadRequest(f"teacher: unknown teacher {request.teacher!r} (known: {known})")
-        mode = MODES.get(request.mode)
+        mode = mode_of_enum(request.mode)
         if mode is None:
-            raise BadRequest("mode: set LOGPROB_MODE_SAMPLED, LOGPROB_MODE_TOPK or LOGPROB_MODE_FULL")
+            raise BadRequest(BAD_MODE)
         if not request.sequences:
             raise BadRequest("sequences: empty (at least one sequence)")
         if len(request.sequences) > self.max_sequences:
@@ -122,7 +117,7 @@ class TeacherServicer(pb_grpc.TeacherServiceServicer):
         return ScoreRequest(
             prompt_ids=[list(s.prompt_ids) for s in request.sequences],
             completion_ids=[list(s.completion_ids) for s in request.sequences],
-            mode=mode,
+            mode=mode.name,
             temperature=request.temperature if request.HasField("temperature") else 1.0,
             topk=request.topk,
         )

@@ -22,15 +22,9 @@ from cascade.algo.distill import (
 )
 from cascade.algo.turn_mask import TurnLayout
 from cascade.config import DistillConfig, StageConfig
-from cascade.distill.samples import (
-    DistillSamples,
-    TeacherTokens,
-    distill_batch,
-    local_teacher_tokens,
-    remote_teacher_tokens,
-)
+from cascade.distill.modes import local_teacher_tokens, remote_teacher_tokens
+from cascade.distill.samples import DistillSamples, SequenceScores, TeacherTokens, distill_batch
 from cascade.engine.logprobs import completion_logits, completion_logprobs
-from cascade.engine.scoring import SequenceScores
 from cascade.model.loading import load_policy
 from cascade.runner.distill import DistillData, distill_loss_term, distill_terms, share_distill
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from cascade.distill.scoring import ScoreRequest, check_score_request, score_sequences
 from cascade.engine.base import EngineRequestError
 from cascade.engine.batch import build_batch
 from cascade.engine.logprobs import completion_logits
-from cascade.engine.scoring import ScoreRequest, check_score_request, score_sequences
 from cascade.model.loading import load_model_weights_only
 from services.teacher.batching import ScoringBatcher
 from services.teacher.pool import TeacherLoadError, TeacherPool, UnknownTeacherError

@@ -2,35 +2,22 @@
 
 It is the learner's own computation (`cascade.engine.logprobs.completion_logits` on a
 `build_batch` layout), so a teacher service's answer equals what the embedded runner computes
-in-process for the same tokens. Three modes, by how much of the distribution goes on the wire:
-`sampled` (the completion token's log-prob), `topk` (k ids + log-probs per token), `full` (the
-whole vocabulary per token).
+in-process for the same tokens. The request's mode (`cascade.distill.modes`) says how much of the
+distribution goes on the wire (`DistillMode.score`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 from transformers import PreTrainedModel
 
+from cascade.distill.modes import MODES, Mode, distill_mode
+from cascade.distill.samples import SequenceScores
 from cascade.engine.base import EngineRequestError
 from cascade.engine.batch import build_batch
 from cascade.engine.logprobs import completion_logits
-
-Mode = Literal["sampled", "topk", "full"]
-MODES: tuple[Mode, ...] = ("sampled", "topk", "full")
-
-
-@dataclass
-class SequenceScores:
-    """One sequence's scores; C = its completion length, k = top-k size, V = vocabulary."""
-
-    logprobs: torch.Tensor | None = None  # [C] sampled mode
-    topk_ids: torch.Tensor | None = None  # [C, k] topk mode, most likely first
-    topk_logprobs: torch.Tensor | None = None  # [C, k]
-    full_logprobs: torch.Tensor | None = None  # [C, V] full mode
 
 
 @dataclass(frozen=True)
@@ -73,27 +60,18 @@ def score_sequences(
                 req = requests[ri]
                 n = len(req.completion_ids[si])
                 lp = logp[row, :n]  # [n, V]
-                out[ri][si] = _extract(lp, req, torch.tensor(req.completion_ids[si], device=device))
+                tokens = torch.tensor(req.completion_ids[si], device=device)
+                out[ri][si] = distill_mode(req.mode).score(lp, req.topk, tokens)
     return out
-
-
-def _extract(lp: torch.Tensor, req: ScoreRequest, tokens: torch.Tensor) -> SequenceScores:
-    if req.mode == "sampled":
-        return SequenceScores(logprobs=lp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).float().cpu())
-    if req.mode == "topk":
-        values, ids = lp.topk(min(req.topk, lp.shape[-1]), dim=-1)
-        return SequenceScores(topk_ids=ids.cpu(), topk_logprobs=values.float().cpu())
-    return SequenceScores(full_logprobs=lp.float().cpu())
 
 
 def check_score_request(req: ScoreRequest, *, vocab_size: int, max_context: int) -> None:
     """Raise EngineRequestError naming the first thing wrong with a scoring request."""
     if req.mode not in MODES:
-        raise EngineRequestError(f"mode: {req.mode!r} not one of {MODES}")
+        raise EngineRequestError(f"mode: {req.mode!r} not one of {tuple(MODES)}")
     if not req.temperature > 0:
         raise EngineRequestError(f"temperature: must be > 0 (got {req.temperature})")
-    if req.mode == "topk" and not 1 <= req.topk <= vocab_size:
-        raise EngineRequestError(f"topk: must be in [1, {vocab_size}] for mode topk (got {req.topk})")
+    MODES[req.mode].check_request(req.topk, vocab_size)
     if not req.completion_ids:
         raise EngineRequestError("sequences: empty (at least one sequence)")
     if len(req.prompt_ids) != len(req.completion_ids):
