@@ -132,7 +132,7 @@ test: install services sandbox chromium docker $(TINY)/config.json
 	$(VENV)/bin/mypy services/rollout services/teacher services/learner
 	$(VENV)/bin/mkdocs build --strict
 	CASCADE_CONTAINER_DRILL=1 CASCADE_DRILL_PREBUILT=1 CASCADE_REQUIRE_DOCKER=1 \
-		$(VENV)/bin/pytest -q -p no:cacheprovider
+		$(VENV)/bin/pytest -q -p no:cacheprovider --durations=30
 
 clean:
 	rm -rf runs test-artifacts
