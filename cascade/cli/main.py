@@ -6,29 +6,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from cascade.cli.flags import add_cascade_id_flag, add_start_flags, device_arg, track_arg
 from cascade.cli.host import cmd_model_init, cmd_sandbox_check
 from cascade.cli.run import cmd_report, cmd_run, cmd_validate
 from cascade.cli.up import cmd_up
-
-
-def track_arg(value: str) -> list[str]:
-    """`--track`: tracking backends, comma-separated (tensorboard, mlflow, wandb), or none."""
-    from cascade.config.tracking import parse_track_flag
-
-    try:
-        return list(parse_track_flag(value))
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
-
-
-def device_arg(value: str) -> str:
-    """`--device`: auto, cpu, cuda or cuda:N (whether this host has it is checked at start)."""
-    from cascade.config import device_setting
-
-    try:
-        return device_setting(value)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,13 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="cascade YAML file (optional with --db and --cascade-id: the config the control plane "
         "stored; or with --resume --run-dir: the one the run recorded)",
     )
-    p.add_argument("--resume", action="store_true", help="continue from the run's last checkpoint")
-    p.add_argument(
-        "--fresh",
-        action="store_true",
-        help="move the run directory aside (<run>.old-<time>) and start over (asks; see --yes)",
-    )
-    p.add_argument("--yes", action="store_true", help="with --fresh: move it aside without asking")
+    add_start_flags(p)
     p.add_argument("--no-distill", action="store_true", help="ablation: no distillation in any stage")
     p.add_argument("--run-dir", help="default: <output_dir>/<name>[-no-distill]")
     p.add_argument("--db", help="SQLAlchemy URL for stage state and metrics (default: SQLite in the run dir)")
@@ -72,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="train on N ranks of this host (torchrun; the policy sharded with FSDP2; default: 1)",
     )
     p.add_argument("--stop-after-steps", type=int, help="checkpoint and stop after N steps (resume later)")
-    p.add_argument("--cascade-id", type=int, help="run a cascade created through the control plane (in --db)")
+    add_cascade_id_flag(p)
     p.add_argument(
         "--follow", action="store_true", help="when paused by an operator, wait for resume or abort"
     )
@@ -99,14 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="learner processes (torchrun on this host; the policy sharded with FSDP2; default: 1)",
     )
-    p.add_argument("--resume", action="store_true", help="continue from the run's last checkpoint")
-    p.add_argument(
-        "--fresh",
-        action="store_true",
-        help="move the run directory aside (<run>.old-<time>) and start over (asks; see --yes)",
-    )
-    p.add_argument("--yes", action="store_true", help="with --fresh: move it aside without asking")
-    p.add_argument("--cascade-id", type=int, help="run a cascade created through the control plane (in --db)")
+    add_start_flags(p)
+    add_cascade_id_flag(p)
     p.add_argument(
         "--follow",
         action="store_true",

@@ -16,29 +16,11 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from cascade.cli.flags import add_cascade_id_flag, add_start_flags, device_arg, track_arg
+
 EXIT_DEPENDENCY_DOWN = 75
 """EX_TEMPFAIL: a dependency (database, Redis, teacher, rollout) stayed unreachable past its
 `resilience.*_s` bound; the run is resumable once it is back."""
-
-
-def device_arg(value: str) -> str:
-    """`--device`: auto, cpu, cuda or cuda:N (whether this host has it is checked at start)."""
-    from cascade.config import device_setting
-
-    try:
-        return device_setting(value)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
-
-
-def track_arg(value: str) -> list[str]:
-    """`--track`: tracking backends, comma-separated (tensorboard, mlflow, wandb), or none."""
-    from cascade.config.tracking import parse_track_flag
-
-    try:
-        return list(parse_track_flag(value))
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -72,15 +54,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "(default: by the learner itself, which then needs bubblewrap)",
     )
     p.add_argument("--no-distill", action="store_true", help="ablation: no distillation in any stage")
-    mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--resume", action="store_true", help="continue from the run's last checkpoint")
-    mode.add_argument(
-        "--fresh",
-        action="store_true",
-        help="move the run directory aside (<run>.old-<time>) and start over (asks; see --yes)",
-    )
-    p.add_argument("--yes", action="store_true", help="with --fresh: move it aside without asking")
-    p.add_argument("--cascade-id", type=int, help="run a cascade created through the control plane (in --db)")
+    add_start_flags(p, exclusive=True)
+    add_cascade_id_flag(p)
     p.add_argument(
         "--follow", action="store_true", help="when paused by an operator, wait for resume or abort (stay up)"
     )

@@ -246,3 +246,24 @@ def test_no_command_is_a_usage_error() -> None:
     assert proc.returncode == 2
     assert "usage:" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_run_flags_are_shared_by_run_up_and_the_learner(tmp_path: Path, capsys) -> None:
+    """`cascade run`, `cascade up` and `cascade-learner` take the same start flags; the learner
+    refuses `--resume --fresh` while parsing (the other two refuse it in the command)."""
+    from cascade.cli.main import build_parser
+    from services.learner.main import parse_args
+
+    config = tmp_path / "c.yaml"
+    config.write_text("name: x\n")
+    for argv in (["run", "c.yaml"], ["up", "c.yaml"]):
+        args = build_parser().parse_args([*argv, "--fresh", "--yes", "--cascade-id", "3"])
+        assert (args.fresh, args.yes, args.resume, args.cascade_id) == (True, True, False, 3)
+    args = parse_args(
+        [str(config), "--rollout", "127.0.0.1:1", "--resume", "--db", "sqlite://", "--cascade-id", "3"]
+    )
+    assert (args.resume, args.fresh, args.cascade_id) == (True, False, 3)
+    with pytest.raises(SystemExit) as exit_:
+        parse_args([str(config), "--rollout", "127.0.0.1:1", "--resume", "--fresh"])
+    assert exit_.value.code == 2
+    assert "not allowed with argument --resume" in capsys.readouterr().err
