@@ -79,6 +79,21 @@ def test_default_spec_unchanged_and_full_spec_in_paper_order() -> None:
     assert FULL_SPEC.batch_size_of("swe") < FULL_SPEC.batch_size_of("math")
 
 
+def test_sft_learning_rate_warms_up_then_is_constant_or_cosine_decayed() -> None:
+    from cascade.bootstrap.policy import sft_learning_rate
+
+    constant = TinyModelSpec(learning_rate=1e-3, warmup_steps=10, max_steps=110)
+    assert sft_learning_rate(constant, 5) == pytest.approx(5e-4)
+    assert sft_learning_rate(constant, 60) == pytest.approx(1e-3)
+    assert sft_learning_rate(constant, 110) == pytest.approx(1e-3)
+    decayed = TinyModelSpec(learning_rate=1e-3, warmup_steps=10, max_steps=110, decay_to=0.1)
+    assert sft_learning_rate(decayed, 5) == pytest.approx(5e-4)
+    assert sft_learning_rate(decayed, 10) == pytest.approx(1e-3)
+    # halfway through the decay: cos(pi/2) = 0, so 0.1 + 0.9 * 0.5 of the peak
+    assert sft_learning_rate(decayed, 60) == pytest.approx(5.5e-4)
+    assert sft_learning_rate(decayed, 110) == pytest.approx(1e-4)
+
+
 def test_per_domain_fields_must_match_domains() -> None:
     with pytest.raises(ValueError, match="floors has 2 entries for 3 domains"):
         TinyModelSpec(floors=(0.1, 0.2))
