@@ -66,9 +66,7 @@ class TinyModelSpec:
     warmup_steps: int = 30
     decay_to: float | None = None
     """Cosine-decay the learning rate after warmup to this fraction of it at `max_steps`; None
-    keeps it constant. With one domain a batch (`batch_by_domain`) a constant rate leaves the
-    model tilted to whichever domain it saw last (validation scores swing by tens of points
-    between checks); decay lets the late steps average over the domains."""
+    keeps it constant. `FULL_SPEC` says why it decays."""
     max_steps: int = 2500
     eval_every: int = 100
     min_steps: int = 100
@@ -191,10 +189,11 @@ def _completion_text(problem: Problem, thinking: bool, eos: str) -> str:
 
 
 def sft_learning_rate(spec: TinyModelSpec, step: int) -> float:
-    """The SFT learning rate at `step` (1-based): linear warmup, then constant or cosine decay."""
-    warm = min(1.0, step / max(1, spec.warmup_steps))
+    """The SFT learning rate at `step` (1-based): linear warmup, then constant or cosine decay.
+    Not `cascade.algo.schedules.schedule_value`: its cosine rounds differently in the last bit at
+    a third of the steps, and the full spec's model (its measured tables) came from this one."""
     if spec.decay_to is None or step <= spec.warmup_steps:
-        return spec.learning_rate * warm
+        return spec.learning_rate * min(1.0, step / max(1, spec.warmup_steps))
     progress = (step - spec.warmup_steps) / max(1, spec.max_steps - spec.warmup_steps)
     cosine = 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
     return spec.learning_rate * (spec.decay_to + (1.0 - spec.decay_to) * cosine)
