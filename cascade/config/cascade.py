@@ -99,7 +99,7 @@ def with_learner_device(cfg: CascadeConfig, device: str | None) -> CascadeConfig
     """`cfg` with `learner.device` replaced (a `--device` flag); None leaves it as it is."""
     if device is None:
         return cfg
-    learner = LearnerConfig(device=device, precision=cfg.learner.precision)
+    learner = cfg.learner.model_copy(update={"device": LearnerConfig(device=device).device})
     return cfg.model_copy(update={"learner": learner})
 
 

@@ -97,6 +97,24 @@ class LearnerConfig(StrictModel):
     """The memory a learner step may use, in GiB (`cascade.runner.step_memory`): a stage whose step
     certainly needs more is refused by `cascade validate` and before a run writes anything.
     Default: this machine's (the CUDA device's, else the RAM); set it for a bigger machine."""
+    micro_batch_tokens: int | None = Field(None, ge=1)
+    """The most padded tokens (prompt + completion columns x rows) one forward+backward of the
+    learner holds: a step's sequences are cut, in order, into micro-batches under this budget
+    (a longer sequence is a micro-batch of its own), gradients accumulate, and the optimizer
+    steps once. The loss is normalised over the whole step before the cut, so the update does
+    not depend on it (to float rounding). None: the whole step in one forward, as small models
+    on a CPU run. `cascade validate` names this field when a step does not fit."""
+    micro_batch_sequences: int | None = Field(None, ge=1)
+    """The most sequences in one micro-batch (with `micro_batch_tokens`, whichever binds first)."""
+    logits_chunk_mib: float = Field(256.0, gt=0)
+    """The float32 logits one chunk of completion tokens may hold (tokens x vocabulary x 4
+    bytes): log-probs, entropy and the distillation terms are computed chunk by chunk and
+    recomputed in the backward, so no [sequences, tokens, vocabulary] tensor exists. A step
+    whose whole logits fit in one chunk runs the plain forward (the tiny models do)."""
+    activation_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward instead of keeping them
+    (the model's own gradient checkpointing): activations of one micro-batch shrink to the
+    layers' inputs, for about a third more compute. The same numbers on or off."""
 
 
 class RolloutConfig(StrictModel):
