@@ -6,13 +6,18 @@ distillation term (sampled, then top-k, then full), then the two resharding dire
 checkpoints (2 ranks -> 1 and 1 -> 2). Writes the largest differences to the JSON file named by
 argv[3]; the test asserts on them.
 
-argv: MODEL_DIR WORK_DIR OUT_JSON
+With a fourth argument `micro`, every sharded update runs in micro-batches of a few sequences
+with the vocabulary in chunks (each rank cuts its own share; the ranks run as many passes as the
+largest share needs), against the one-pass local update.
+
+argv: MODEL_DIR WORK_DIR OUT_JSON [micro]
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +28,7 @@ from cascade.config import LearnerConfig, StageConfig
 from cascade.distill.modes import local_teacher_tokens
 from cascade.distill.samples import DistillSamples
 from cascade.engine.batch import build_batch
+from cascade.engine.microbatch import MicroBatching
 from cascade.model.loading import load_model_weights_only
 from cascade.parallel.launch import start_rank
 from cascade.runner.distill import DistillData
@@ -32,6 +38,8 @@ from cascade.runner.training import LocalTrainer
 from cascade.runner.update import UpdateRequest
 
 LOSSES = ("sampled", "topk", "full")
+MICRO = len(sys.argv) > 4 and sys.argv[4] == "micro"
+CUT = MicroBatching(tokens=30, logits_chunk_bytes=4 * 384 * 6)
 
 
 def stage(loss: str) -> StageConfig:
@@ -95,7 +103,12 @@ def weights_diff(a: torch.nn.Module, b: torch.nn.Module) -> float:
     return max(float((sa[k] - sb[k]).abs().max()) for k in sa)
 
 
+def sharded_request(req: UpdateRequest) -> UpdateRequest:
+    return replace(req, batching=CUT) if MICRO else req
+
+
 def metrics_diff(a: dict[str, float], b: dict[str, float]) -> tuple[float, list[str]]:
+    b = {k: v for k, v in b.items() if k not in ("micro_batches", "padding_share") or k in a}
     keys = sorted(k for k in a if isinstance(a[k], float))
     assert set(keys) == {k for k in b if isinstance(b[k], float)}, (sorted(a), sorted(b))
     return max(abs(a[k] - b[k]) / max(1.0, abs(a[k])) for k in keys), keys
@@ -124,7 +137,7 @@ def main() -> int:
         for step in range(3):
             req = request(step, model)
             data = distill_data(teacher, step, LOSSES[step % 3])
-            ms, _ = sharded.update(req, lambda d=data: d)
+            ms, _ = sharded.update(sharded_request(req), lambda d=data: d)
             ml, _ = local.update(req, lambda d=data: d)
             diff, keys = metrics_diff(ml, ms)
             report["steps"].append(
@@ -135,6 +148,7 @@ def main() -> int:
                     "keys": keys,
                     "grad_norm": [ml["grad_norm"], ms["grad_norm"]],
                     "loss_distill": [ml.get("loss_distill"), ms.get("loss_distill")],
+                    "micro_batches": ms.get("micro_batches", 1.0),
                 }
             )
         # 2 ranks -> 1: the sharded checkpoint resumed by one process, against the one that went on
@@ -161,7 +175,7 @@ def main() -> int:
         sharded.restore(one, optimizer=True, generator=torch.Generator())
         last = request(4, model)
         data = distill_data(teacher, 4, "topk")
-        ms, _ = sharded.update(last, lambda: data)
+        ms, _ = sharded.update(sharded_request(last), lambda: data)
         ml, _ = local.update(last, lambda: data)
         report["one_to_two"] = {
             "metric_diff": metrics_diff(ml, ms)[0],

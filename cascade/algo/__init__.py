@@ -11,23 +11,31 @@ from cascade.algo.distill import (
     SampledDistillInput,
     TopkDistillInput,
     full_distill_loss,
+    full_token_kl,
     sampled_distill_loss,
+    token_kl_loss,
     topk_distill_loss,
+    topk_token_kl,
 )
 from cascade.algo.filters import PromptPassRateFilter, filter_zero_variance
-from cascade.algo.grpo import GrpoLossInput, GrpoLossOutput, grpo_loss, k3_kl
+from cascade.algo.grpo import GrpoLossInput, GrpoLossOutput, GrpoNorms, grpo_loss, grpo_normalisers, k3_kl
 from cascade.algo.schedules import schedule_value, token_budget, warmup_lr_factor
 
 __all__ = [
     "DistillLossOutput",
     "FullDistillInput",
     "GrpoLossInput",
+    "GrpoNorms",
+    "grpo_normalisers",
     "GrpoLossOutput",
     "PromptPassRateFilter",
     "SampledDistillInput",
     "TopkDistillInput",
     "filter_zero_variance",
     "full_distill_loss",
+    "full_token_kl",
+    "token_kl_loss",
+    "topk_token_kl",
     "group_advantages",
     "grpo_loss",
     "k3_kl",

@@ -44,19 +44,45 @@ def _check_temperature(temperature: float) -> None:
         raise ValueError(f"temperature must be > 0, got {temperature}")
 
 
-def _forward_kl(
-    teacher_lp: Tensor, student_lp: Tensor, m: Tensor, t: float, reduce: SumOverRanks | None
+def _kl(teacher_lp: Tensor, student_lp: Tensor) -> Tensor:
+    return (teacher_lp.exp() * (teacher_lp - student_lp)).sum(dim=-1)
+
+
+def token_kl_loss(
+    kl: Tensor,
+    mask: Tensor,
+    temperature: float,
+    reduce: SumOverRanks | None = None,
+    count: Tensor | None = None,
 ) -> DistillLossOutput:
-    """`T^2 * sum_v p_teacher (log p_teacher - log p_student)` over the last axis, mean over the
-    counted tokens of `m`: the tail shared by the full and top-k losses (their log-probs [B, T, *]
-    differ only in which entries they hold)."""
-    kl = (teacher_lp.exp() * (teacher_lp - student_lp)).sum(dim=-1)  # [B, T]
-    kl_mean = masked_token_mean(kl, m, reduce)
+    """`T^2 * mean(kl)` over the counted tokens of `mask` [B, T], from per-token KLs [B, T].
+
+    `count`: the step's counted tokens (see `masked_token_mean`): the loss and `kl` are then
+    these rows' parts of the step's, `n_tokens` their own count (all add up over micro-batches)."""
+    m = token_mask(mask, kl.shape)
+    kl_mean = masked_token_mean(kl, m, reduce, count)
     total = reduce or (lambda x: x)
     return DistillLossOutput(
-        loss=kl_mean * t**2,
+        loss=kl_mean * temperature**2,
         metrics={"kl": float(total(kl_mean.detach()).item()), "n_tokens": float(total(m.sum()).item())},
     )
+
+
+def full_token_kl(student_logits: Tensor, teacher_logits: Tensor, temperature: float) -> Tensor:
+    """Per-token `KL(softmax(teacher/T) || softmax(student/T))` over the last axis: [..., V] -> [...]."""
+    student_lp = F.log_softmax(student_logits / temperature, dim=-1)
+    teacher_lp = F.log_softmax(teacher_logits.detach() / temperature, dim=-1)
+    return _kl(teacher_lp, student_lp)
+
+
+def topk_token_kl(
+    student_logits: Tensor, topk_ids: Tensor, topk_logprobs: Tensor, temperature: float
+) -> Tensor:
+    """Per-token top-k term (see `topk_distill_loss`): student logits [..., V], the teacher's k
+    ids and T=1 log-probs [..., k] -> [...]."""
+    student_lp = F.log_softmax(student_logits / temperature, dim=-1).gather(-1, topk_ids)
+    teacher_hat = F.log_softmax(topk_logprobs.detach() / temperature, dim=-1)
+    return _kl(teacher_hat, student_lp)
 
 
 # --------------------------------------------------------------------------- full
@@ -71,6 +97,8 @@ class FullDistillInput:
     mask: Tensor
     temperature: float = 1.0
     reduce: SumOverRanks | None = None
+    step_tokens: Tensor | None = None
+    """The step's counted tokens when these rows are one micro-batch of it (`token_kl_loss`)."""
 
     def __post_init__(self) -> None:
         if self.student_logits.dim() != 3:
@@ -92,9 +120,8 @@ def full_distill_loss(inp: FullDistillInput) -> DistillLossOutput:
     m = token_mask(inp.mask, inp.student_logits.shape[:2])
     m3 = m.unsqueeze(-1)
     t = inp.temperature
-    student_lp = F.log_softmax(keep(inp.student_logits, m3) / t, dim=-1)  # [B, T, V]
-    teacher_lp = F.log_softmax(keep(inp.teacher_logits.detach(), m3) / t, dim=-1)  # [B, T, V]
-    return _forward_kl(teacher_lp, student_lp, m, t, inp.reduce)
+    kl = full_token_kl(keep(inp.student_logits, m3), keep(inp.teacher_logits.detach(), m3), t)  # [B, T]
+    return token_kl_loss(kl, m, t, inp.reduce, inp.step_tokens)
 
 
 # --------------------------------------------------------------------------- top-k
@@ -111,6 +138,8 @@ class TopkDistillInput:
     mask: Tensor
     temperature: float = 1.0
     reduce: SumOverRanks | None = None
+    step_tokens: Tensor | None = None
+    """The step's counted tokens when these rows are one micro-batch of it (`token_kl_loss`)."""
 
     def __post_init__(self) -> None:
         if self.student_logits.dim() != 3:
@@ -144,9 +173,8 @@ def topk_distill_loss(inp: TopkDistillInput) -> DistillLossOutput:
     ids = keep(inp.teacher_topk_ids, m3)  # garbage ids at padding would break `gather`
     if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
         raise ValueError(f"teacher_topk_ids out of range for vocabulary size {vocab}")
-    student_lp = F.log_softmax(keep(inp.student_logits, m3) / t, dim=-1).gather(-1, ids)  # [B, T, k]
-    teacher_hat = F.log_softmax(keep(inp.teacher_topk_logprobs.detach(), m3) / t, dim=-1)  # [B, T, k]
-    return _forward_kl(teacher_hat, student_lp, m, t, inp.reduce)
+    kl = topk_token_kl(keep(inp.student_logits, m3), ids, keep(inp.teacher_topk_logprobs, m3), t)  # [B, T]
+    return token_kl_loss(kl, m, t, inp.reduce, inp.step_tokens)
 
 
 # --------------------------------------------------------------------------- sampled (MOPD)
@@ -165,6 +193,12 @@ class SampledDistillInput:
     min_weight: float = 0.5
     max_weight: float = 2.0
     reduce: SumOverRanks | None = None
+    step_tokens: Tensor | None = None
+    """The step's counted tokens (the metrics' denominator) when these rows are one
+    micro-batch of it: every metric is then this micro-batch's part."""
+    step_kept: Tensor | None = None
+    """The loss's denominator in place of the kept tokens' count (a micro-batch's: the step's
+    kept count, known only after every micro-batch's forward, divides the gradient later)."""
 
     def __post_init__(self) -> None:
         if self.student_logprobs.dim() != 2:
@@ -196,10 +230,20 @@ def sampled_distill_loss(inp: SampledDistillInput) -> DistillLossOutput:
         weight = torch.exp(student.detach() - rollout)
     kept = m & (weight >= inp.min_weight) & (weight <= inp.max_weight)
     advantage = (teacher - student).detach()
-    loss = masked_token_mean(-(weight * advantage) * student, kept, inp.reduce)
+    loss = masked_token_mean(-(weight * advantage) * student, kept, inp.reduce, inp.step_kept)
 
     total = inp.reduce or (lambda x: x)
     n_tokens = int(total(m.sum()).item())
+    if inp.step_tokens is not None:
+        n = float(inp.step_tokens.clamp(min=1))
+        return DistillLossOutput(
+            loss=loss,
+            metrics={
+                "reverse_kl": float(keep(-advantage, m).sum()) / n,
+                "kept_fraction": float(kept.sum()) / n,
+                "n_tokens": float(n_tokens),
+            },
+        )
     reverse_kl = float(total(keep(-advantage, m).sum()).item()) / max(n_tokens, 1)
     return DistillLossOutput(
         loss=loss,

@@ -27,6 +27,51 @@ Aggregation = Literal["token", "sequence"]
 
 
 @dataclass(frozen=True)
+class GrpoNorms:
+    """The GRPO loss's normalisers over a whole step, computed from every row's counted tokens
+    before the step is cut into micro-batches, so that each micro-batch's loss is its part of
+    the step's (the parts add up to the one-pass loss, whatever the cut).
+
+    unit_tokens: [B] counted tokens of each row's unit: its group's total (`token`
+                 aggregation: the group spans micro-batches wherever its rows land), or its own
+                 (`sequence`).
+    n_units:     scalar, the units with any counted token, over the step (every rank's).
+    n_tokens:    scalar, the counted tokens over the step (every rank's).
+    """
+
+    unit_tokens: Tensor
+    n_units: Tensor
+    n_tokens: Tensor
+
+    def rows(self, lo: int, hi: int) -> GrpoNorms:
+        return GrpoNorms(self.unit_tokens[lo:hi], self.n_units, self.n_tokens)
+
+    def to(self, device: torch.device | str) -> GrpoNorms:
+        return GrpoNorms(self.unit_tokens.to(device), self.n_units.to(device), self.n_tokens.to(device))
+
+
+def grpo_normalisers(
+    row_tokens: Tensor, group_ids: Tensor, aggregation: Aggregation, reduce: SumOverRanks | None = None
+) -> GrpoNorms:
+    """`GrpoNorms` from each row's counted tokens [B] and group ids [B] (this rank's whole
+    share of groups; `reduce` makes the counts global, in one call)."""
+    tokens = row_tokens.to(torch.float32)
+    if aggregation == "sequence":
+        unit_tokens = tokens
+        n_units = (tokens > 0).sum().to(torch.float32)
+    else:
+        _, inverse = torch.unique(group_ids, return_inverse=True)
+        n_groups = int(inverse.max().item()) + 1 if inverse.numel() else 0
+        per_group = tokens.new_zeros(n_groups).index_add(0, inverse, tokens)
+        unit_tokens = per_group[inverse] if inverse.numel() else tokens
+        n_units = (per_group > 0).sum().to(torch.float32)
+    counts = torch.stack([n_units, tokens.sum()])
+    if reduce is not None:
+        counts = reduce(counts)
+    return GrpoNorms(unit_tokens=unit_tokens, n_units=counts[0], n_tokens=counts[1])
+
+
+@dataclass(frozen=True)
 class GrpoLossInput:
     """One learner batch of completions.
 
@@ -36,6 +81,10 @@ class GrpoLossInput:
     group_ids:     [B]    long, which prompt group each row belongs to (any integer labels).
     old_logprobs:  [B, T] behaviour-policy log-probs from the rollout engine; None = on-policy.
     ref_logprobs:  [B, T] frozen reference log-probs for the k3 penalty; None = no reference.
+    norms:         the step's normalisers for these rows (`grpo_normalisers`): the loss and
+                   every metric are then this micro-batch's part of the step's (they add up
+                   over the micro-batches, and over ranks); None = the rows are the whole step
+                   (or, with `reduce`, one rank's share of it).
     """
 
     logprobs: Tensor
@@ -49,11 +98,19 @@ class GrpoLossInput:
     clip_eps_high: float = 0.28
     kl_coef: float = 0.0
     reduce: SumOverRanks | None = None
+    norms: GrpoNorms | None = None
 
     def __post_init__(self) -> None:
         if self.logprobs.dim() != 2:
             raise ValueError(f"logprobs must be [B, T], got shape {tuple(self.logprobs.shape)}")
         b, t = self.logprobs.shape
+        if self.norms is not None:
+            if self.reduce is not None:
+                raise ValueError("norms are already global: give norms or reduce, not both")
+            if tuple(self.norms.unit_tokens.shape) != (b,):
+                raise ValueError(
+                    f"norms.unit_tokens has shape {tuple(self.norms.unit_tokens.shape)}, expected {(b,)}"
+                )
         token_mask(self.mask, (b, t))
         for name in ("old_logprobs", "ref_logprobs"):
             value = getattr(self, name)
@@ -157,6 +214,7 @@ def grpo_loss(inp: GrpoLossInput) -> GrpoLossOutput:
         "ratio_mean": float(total(keep(ratio.detach(), m).sum()).item()) / denom,
         "n_tokens": float(n_tokens),
     }
+    kl_token = None
     if inp.ref_logprobs is not None:
         ref = keep(inp.ref_logprobs.detach().to(logp.dtype), m)
         kl_token = keep(k3_kl(logp, ref), m)
@@ -164,7 +222,38 @@ def grpo_loss(inp: GrpoLossInput) -> GrpoLossOutput:
         if inp.kl_coef > 0:
             per_token = per_token + inp.kl_coef * kl_token
 
+    if inp.norms is not None:
+        return _part_of_step(per_token, pg_token, m, clip_active, ratio, kl_token, inp.norms)
     loss = _aggregate(per_token, m, inp.group_ids, inp.aggregation, inp.reduce)
     pg = _aggregate(pg_token.detach(), m, inp.group_ids, inp.aggregation, inp.reduce)
     metrics["pg_loss"] = float(total(pg).item())
+    return GrpoLossOutput(loss=loss, metrics=metrics)
+
+
+def _part_of_step(
+    per_token: Tensor,
+    pg_token: Tensor,
+    m: Tensor,
+    clip_active: Tensor,
+    ratio: Tensor,
+    kl_token: Tensor | None,
+    norms: GrpoNorms,
+) -> GrpoLossOutput:
+    """These rows' part of the step's loss and metrics: each row's token sum over its unit's
+    step-wide token count, over the step's unit count (`_aggregate`'s arithmetic, with the
+    denominators taken from the whole step). Every metric is a part too, `n_tokens` these rows'
+    count: all of them add up over micro-batches and ranks."""
+    has = norms.unit_tokens > 0
+    scale = torch.where(has, 1.0 / norms.unit_tokens.clamp(min=1), torch.zeros_like(norms.unit_tokens))
+    scale = (scale / norms.n_units.clamp(min=1)).to(per_token.dtype)  # [B]
+    loss = (per_token.sum(dim=1) * scale).sum()
+    n = float(norms.n_tokens.clamp(min=1))
+    metrics = {
+        "clip_fraction": float(clip_active.sum()) / n,
+        "ratio_mean": float(keep(ratio.detach(), m).sum()) / n,
+        "n_tokens": float(m.sum()),
+        "pg_loss": float((pg_token.detach().sum(dim=1) * scale).sum()),
+    }
+    if kl_token is not None:
+        metrics["kl"] = float(kl_token.detach().sum()) / n
     return GrpoLossOutput(loss=loss, metrics=metrics)

@@ -35,14 +35,18 @@ def keep(values: Tensor, mask: Tensor, fill: float = 0.0) -> Tensor:
     return torch.where(mask, values, torch.full_like(values, fill))
 
 
-def masked_token_mean(values: Tensor, mask: Tensor, reduce: SumOverRanks | None = None) -> Tensor:
+def masked_token_mean(
+    values: Tensor, mask: Tensor, reduce: SumOverRanks | None = None, count: Tensor | None = None
+) -> Tensor:
     """Mean of `values` [B, T] over the true positions of bool `mask` [B, T].
 
     With no true position the result is a graph-connected 0 (so `backward()` still works).
     With `reduce`, the count is global: the result is this rank's part of the global mean.
+    With `count` (the whole step's, counted before it was cut into micro-batches), the result
+    is these rows' part of the step's mean.
     """
     kept = keep(values, mask)
-    n = mask.sum()
-    if reduce is not None:
+    n = mask.sum() if count is None else count
+    if reduce is not None and count is None:
         n = reduce(n)
     return kept.sum() / n.clamp(min=1).to(kept.dtype)

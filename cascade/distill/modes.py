@@ -19,7 +19,7 @@ place that distribution goes through:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, TypeAlias, TypeVar
 
@@ -32,15 +32,24 @@ from cascade.algo import (
     SampledDistillInput,
     TopkDistillInput,
     full_distill_loss,
+    full_token_kl,
     sampled_distill_loss,
+    token_kl_loss,
     topk_distill_loss,
+    topk_token_kl,
 )
 from cascade.algo.masking import SumOverRanks
 from cascade.config import DistillConfig
 from cascade.distill.samples import DistillSamples, SequenceScores, TeacherTokens, pad_rows
 from cascade.engine.base import EngineRequestError
 from cascade.engine.batch import SequenceBatch
-from cascade.engine.logprobs import completion_logits, completion_logprobs, gather_logprobs
+from cascade.engine.logprobs import (
+    completion_logits,
+    completion_logprobs,
+    gather_logprobs,
+    needs_chunks,
+    over_vocab_chunks,
+)
 from cascade_proto.v1 import teacher_pb2 as pb
 
 Mode: TypeAlias = str
@@ -125,6 +134,33 @@ class DistillMode(ABC):
         """The student's (`model`) loss against the teacher's tokens; `sb` and `teacher` are on the
         student's device. With `reduce` the rows are one rank's share (see `SumOverRanks`)."""
 
+    @abstractmethod
+    def micro_loss(
+        self,
+        model: PreTrainedModel,
+        sb: SequenceBatch,
+        teacher: TeacherTokens,
+        samples: DistillSamples,
+        cfg: DistillConfig,
+        *,
+        step_tokens: torch.Tensor,
+        chunk_bytes: int,
+    ) -> DistillLossOutput:
+        """`loss` on one micro-batch of a step whose counted tokens (every rank's) are
+        `step_tokens`: the loss and every metric are this micro-batch's part of the step's
+        (they add up over micro-batches and ranks), the student's logits taken in vocabulary
+        chunks of `chunk_bytes` when the micro-batch's would not fit. A mode whose loss
+        denominator is known only after the step's forwards (`defers_count`) returns the
+        numerator; the caller divides the term's gradient by `kept_count` of the summed metrics."""
+
+    def defers_count(self, samples: DistillSamples, cfg: DistillConfig) -> bool:
+        """Whether `micro_loss` returns an undivided sum (see there)."""
+        return False
+
+    def kept_count(self, metrics: dict[str, float]) -> float:
+        """The step's loss denominator, from `micro_loss`'s metrics summed over the step."""
+        return metrics["n_tokens"]
+
 
 MODES: dict[Mode, DistillMode] = {}
 """Every mode, by name, in registration order."""
@@ -181,6 +217,12 @@ def remote_teacher_tokens(
     return distill_mode(cfg.loss).remote_tokens([scores, *more], sb)
 
 
+def _token_logprob_t1(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """The sampled token's T=1 log-prob (for the reverse-KL metric: no gradient)."""
+    with torch.no_grad():
+        return torch.log_softmax(logits, dim=-1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+
+
 def _token_scores(lp: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     return lp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).float().cpu()
 
@@ -220,9 +262,7 @@ class SampledMode(DistillMode):
         assert teacher.logprobs is not None
         t = cfg.temperature
         student = completion_logprobs(model, sb, t)
-        rollout = None
-        if abs(samples.temperature - t) < 1e-9:  # the rollout's log-probs are at the loss's T
-            rollout = samples.padded_rollout_logprobs(sb.completion_ids.shape[1]).to(model.device)
+        rollout = self._rollout(samples, cfg, sb, model.device)
         return sampled_distill_loss(
             SampledDistillInput(
                 student_logprobs=student,
@@ -232,6 +272,48 @@ class SampledMode(DistillMode):
                 reduce=reduce,
             )
         )
+
+    @staticmethod
+    def _rollout(
+        samples: DistillSamples, cfg: DistillConfig, sb: SequenceBatch, device: torch.device
+    ) -> torch.Tensor | None:
+        """The rollout's log-probs when they are at the loss's temperature (None otherwise:
+        the loss then takes the batch as on-policy)."""
+        if abs(samples.temperature - cfg.temperature) >= 1e-9:
+            return None
+        return samples.padded_rollout_logprobs(sb.completion_ids.shape[1]).to(device)
+
+    def micro_loss(
+        self,
+        model: PreTrainedModel,
+        sb: SequenceBatch,
+        teacher: TeacherTokens,
+        samples: DistillSamples,
+        cfg: DistillConfig,
+        *,
+        step_tokens: torch.Tensor,
+        chunk_bytes: int,
+    ) -> DistillLossOutput:
+        assert teacher.logprobs is not None
+        rollout = self._rollout(samples, cfg, sb, model.device)
+        return sampled_distill_loss(
+            SampledDistillInput(
+                student_logprobs=completion_logprobs(model, sb, cfg.temperature, chunk_bytes=chunk_bytes),
+                teacher_logprobs=teacher.logprobs,
+                mask=sb.completion_mask,
+                rollout_logprobs=rollout,
+                step_tokens=step_tokens,
+                # the kept tokens depend on the student's log-probs: counted over the step first
+                step_kept=step_tokens if rollout is None else torch.ones((), device=model.device),
+            )
+        )
+
+    def defers_count(self, samples: DistillSamples, cfg: DistillConfig) -> bool:
+        return abs(samples.temperature - cfg.temperature) < 1e-9
+
+    def kept_count(self, metrics: dict[str, float]) -> float:
+        """kept_fraction's parts are kept tokens over the step's counted tokens."""
+        return round(metrics["kept_fraction"] * metrics["n_tokens"])
 
 
 # --------------------------------------------------------------------------- distributions
@@ -250,10 +332,45 @@ class DistributionMode(DistillMode):
         sb: SequenceBatch,
         cfg: DistillConfig,
         reduce: SumOverRanks | None,
+        step_tokens: torch.Tensor | None = None,
     ) -> DistillLossOutput: ...
 
     @abstractmethod
     def teacher_token_logprobs(self, teacher: TeacherTokens, sb: SequenceBatch) -> torch.Tensor | None: ...
+
+    @abstractmethod
+    def chunk_inputs(
+        self, teacher: TeacherTokens, sb: SequenceBatch, cfg: DistillConfig
+    ) -> tuple[Callable[..., tuple[torch.Tensor, ...]], list[torch.Tensor]]:
+        """The per-token function over a chunk of the student's logits (the KL term, with grad;
+        the sampled token's T=1 log-prob, without) and the teacher's [B, C, ...] tensors it reads."""
+
+    def micro_loss(
+        self,
+        model: PreTrainedModel,
+        sb: SequenceBatch,
+        teacher: TeacherTokens,
+        samples: DistillSamples,
+        cfg: DistillConfig,
+        *,
+        step_tokens: torch.Tensor,
+        chunk_bytes: int,
+    ) -> DistillLossOutput:
+        if not needs_chunks(model, sb, chunk_bytes):
+            student_logits = completion_logits(model, sb, 1.0)
+            out = self.loss_of(student_logits, teacher, sb, cfg, None, step_tokens)
+            with torch.no_grad():
+                student_lp = gather_logprobs(student_logits, sb.completion_ids)
+        else:
+            fn, extras = self.chunk_inputs(teacher, sb, cfg)
+            kl, student_lp = over_vocab_chunks(model, sb, fn, extras, chunk_bytes=chunk_bytes)
+            out = token_kl_loss(kl, sb.completion_mask, cfg.temperature, count=step_tokens)
+        teacher_lp = self.teacher_token_logprobs(teacher, sb)
+        if teacher_lp is not None:
+            m = sb.completion_mask > 0
+            gap = torch.where(m, student_lp.detach() - teacher_lp, torch.zeros_like(student_lp)).sum()
+            out.metrics["reverse_kl"] = float(gap) / float(step_tokens.clamp(min=1))
+        return out
 
     def loss(
         self,
@@ -334,6 +451,7 @@ class TopkMode(DistributionMode):
         sb: SequenceBatch,
         cfg: DistillConfig,
         reduce: SumOverRanks | None,
+        step_tokens: torch.Tensor | None = None,
     ) -> DistillLossOutput:
         assert teacher.topk_ids is not None and teacher.topk_logprobs is not None
         return topk_distill_loss(
@@ -344,8 +462,24 @@ class TopkMode(DistributionMode):
                 mask=sb.completion_mask,
                 temperature=cfg.temperature,
                 reduce=reduce,
+                step_tokens=step_tokens,
             )
         )
+
+    def chunk_inputs(
+        self, teacher: TeacherTokens, sb: SequenceBatch, cfg: DistillConfig
+    ) -> tuple[Callable[..., tuple[torch.Tensor, ...]], list[torch.Tensor]]:
+        assert teacher.topk_ids is not None and teacher.topk_logprobs is not None
+        t = cfg.temperature
+
+        def fn(
+            logits: torch.Tensor, ids: torch.Tensor, k_ids: torch.Tensor, k_lp: torch.Tensor
+        ) -> tuple[torch.Tensor, ...]:
+            if k_ids.numel() and (int(k_ids.min()) < 0 or int(k_ids.max()) >= logits.shape[-1]):
+                raise ValueError(f"teacher_topk_ids out of range for vocabulary size {logits.shape[-1]}")
+            return topk_token_kl(logits, k_ids, k_lp, t), _token_logprob_t1(logits, ids)
+
+        return fn, [teacher.topk_ids, teacher.topk_logprobs]
 
     def teacher_token_logprobs(self, teacher: TeacherTokens, sb: SequenceBatch) -> torch.Tensor | None:
         return teacher.logprobs_t1
@@ -385,6 +519,7 @@ class FullMode(DistributionMode):
         sb: SequenceBatch,
         cfg: DistillConfig,
         reduce: SumOverRanks | None,
+        step_tokens: torch.Tensor | None = None,
     ) -> DistillLossOutput:
         assert teacher.logits is not None
         return full_distill_loss(
@@ -394,8 +529,22 @@ class FullMode(DistributionMode):
                 mask=sb.completion_mask,
                 temperature=cfg.temperature,
                 reduce=reduce,
+                step_tokens=step_tokens,
             )
         )
+
+    def chunk_inputs(
+        self, teacher: TeacherTokens, sb: SequenceBatch, cfg: DistillConfig
+    ) -> tuple[Callable[..., tuple[torch.Tensor, ...]], list[torch.Tensor]]:
+        assert teacher.logits is not None
+        t = cfg.temperature
+
+        def fn(
+            logits: torch.Tensor, ids: torch.Tensor, teacher_logits: torch.Tensor
+        ) -> tuple[torch.Tensor, ...]:
+            return full_token_kl(logits, teacher_logits, t), _token_logprob_t1(logits, ids)
+
+        return fn, [teacher.logits]
 
     def teacher_token_logprobs(self, teacher: TeacherTokens, sb: SequenceBatch) -> torch.Tensor | None:
         return gather_logprobs(teacher.logits, sb.completion_ids) if teacher.logits is not None else None

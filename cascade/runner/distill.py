@@ -12,9 +12,12 @@ for the student's and the teacher's forward passes, never a term of the loss.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from transformers import PreTrainedModel
 
 from cascade.algo.masking import SumOverRanks
@@ -25,10 +28,12 @@ from cascade.distill.samples import DistillSamples, TeacherTokens, distill_batch
 from cascade.domains.base import Problem
 from cascade.engine.base import SamplingSettings
 from cascade.engine.batch import SequenceBatch
+from cascade.engine.microbatch import MicroBatching, Span, micro_batch_spans
 from cascade.rollout.requests import request_seed
 from cascade.rollout.scoring import multi_turn_setup
-from cascade.runner.optimizer_step import LossTerm, placeholder_batch
+from cascade.runner.optimizer_step import LossTerm, divide_term_gradient, gradient_snapshot, placeholder_batch
 from cascade.runner.sources import RolloutSource, TeacherSource
+from cascade.runner.term_sums import TermSums
 from cascade.tools.turn_loop import Decode, Encode, run_turns, turn_metrics
 
 
@@ -53,6 +58,31 @@ class DistillData:
     tokens: TeacherTokens
     metrics: dict[str, float] = field(default_factory=dict)
     """What the student's samples were (multi-turn: turns, calls, the model's share of tokens)."""
+    micro_batches: int = 1
+    """The fewest micro-batches its term runs in (see `RlPlan.micro_batches`)."""
+
+    def spans(self, batching: MicroBatching) -> list[Span]:
+        s = self.samples
+        return micro_batch_spans(
+            [len(p) for p in s.prompt_ids],
+            [len(c) for c in s.completion_ids],
+            batching,
+            at_least=self.micro_batches,
+        )
+
+    def in_one_pass(self, batching: MicroBatching) -> bool:
+        return len(self.spans(batching)) <= 1
+
+    def micro_batch(self, span: Span, pad_id: int) -> tuple[DistillSamples, SequenceBatch, TeacherTokens]:
+        """Rows `span` on their own batch layout (a placeholder row, nothing counted, when empty)."""
+        lo, hi = span
+        s = self.samples
+        if lo == hi:
+            samples = DistillSamples(s.teacher, [[pad_id]], [[pad_id]], [[0.0]], s.temperature)
+            return samples, placeholder_batch(pad_id), self.tokens.rows(0, 1, 1)
+        samples = s.rows(lo, hi)
+        sb = distill_batch(samples, pad_id)
+        return samples, sb, self.tokens.rows(lo, hi, sb.completion_ids.shape[1])
 
 
 @dataclass
@@ -143,15 +173,8 @@ def share_distill(data: DistillData, rank: int, size: int, pad_id: int) -> Disti
     placeholder row with nothing counted when the block is empty (the rank still runs the
     forward pass the sharded model needs)."""
     n = len(data.samples.prompt_ids)
-    lo, hi = n * rank // size, n * (rank + 1) // size
-    s = data.samples
-    if lo == hi:
-        samples = DistillSamples(s.teacher, [[pad_id]], [[pad_id]], [[0.0]], s.temperature)
-        sb = placeholder_batch(pad_id)
-        return DistillData(samples, sb, data.tokens.rows(0, 1, 1), data.metrics)
-    samples = s.rows(lo, hi)
-    sb = distill_batch(samples, pad_id)
-    return DistillData(samples, sb, data.tokens.rows(lo, hi, sb.completion_ids.shape[1]), data.metrics)
+    samples, sb, tokens = data.micro_batch((n * rank // size, n * (rank + 1) // size), pad_id)
+    return DistillData(samples, sb, tokens, data.metrics, data.micro_batches)
 
 
 def distill_terms(
@@ -170,6 +193,60 @@ def distill_terms(
         metrics.update(term.metrics)
         metrics.update(f.metrics)
     return terms, metrics
+
+
+def distill_backward(
+    model: PreTrainedModel,
+    data: DistillData,
+    stage: StageConfig,
+    *,
+    scale: float,
+    pad_id: int,
+    batching: MicroBatching,
+    autocast: Callable[[], AbstractContextManager[object]],
+    reduce: SumOverRanks | None = None,
+) -> tuple[float, dict[str, float]]:
+    """One teacher's distillation term in micro-batches (`data.spans`): each one's forward
+    (under `autocast`) and its backward of `scale` times its part of the step's loss
+    (`scale` 0: forwards only, for the metrics). The normaliser is the step's counted tokens,
+    counted before the first forward; a mode whose normaliser the forwards decide
+    (`DistillMode.defers_count`) has its gradient divided once they are done. Returns the term's
+    value (unweighted) and its metrics, summed over micro-batches and then over ranks."""
+    dc = stage.distill
+    mode = distill_mode(dc.loss)
+    device = model.device
+    step_tokens = data.batch.completion_mask.sum()
+    if reduce is not None:
+        step_tokens = reduce(step_tokens.to(device))
+    step_tokens = step_tokens.to(device)
+    deferred = scale > 0 and mode.defers_count(data.samples, dc)
+    before = gradient_snapshot(model) if deferred else None
+    sums = TermSums()
+    for span in data.spans(batching):
+        samples, sb, tokens = data.micro_batch(span, pad_id)
+        sb, tokens = sb.to(device), tokens.to(device)
+        with torch.set_grad_enabled(scale > 0), autocast():
+            out = mode.micro_loss(
+                model,
+                sb,
+                tokens,
+                samples,
+                dc,
+                step_tokens=step_tokens,
+                chunk_bytes=batching.logits_chunk_bytes,
+            )
+        if scale > 0:
+            (scale * out.loss).backward()
+        sums.add({"loss": float(out.loss.detach()), **out.metrics})
+    total = sums.over_ranks(reduce)
+    loss = total.pop("loss")
+    if mode.defers_count(data.samples, dc):
+        kept = max(mode.kept_count(total), 1.0)
+        loss /= kept
+        if before is not None:
+            divide_term_gradient(model, before, kept)
+    metrics = {f"distill_{data.samples.teacher}_{k}": v for k, v in total.items()}
+    return loss, {**metrics, **data.metrics}
 
 
 def distill_term(

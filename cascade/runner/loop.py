@@ -35,6 +35,7 @@ from cascade.config import CascadeConfig, StageConfig, parse_watched_metric
 from cascade.domains import load_problems, make_domain
 from cascade.domains.agent import prompt_tools
 from cascade.domains.base import Domain, NeedsPreparing, Problem
+from cascade.engine.microbatch import MicroBatching
 from cascade.eval.evaluate import evaluate_domain
 from cascade.eval.results import DomainEval
 from cascade.model.chat import encode_prompts, token_encoder
@@ -434,6 +435,7 @@ class CascadeRunner:
             lr=_lr_for(stage, step),
             pad_id=self.policy.pad_token_id,
             reference=self._reference(stage),
+            batching=MicroBatching.of(self.cfg.learner),
         )
 
         def distill() -> list[DistillData]:

@@ -73,46 +73,97 @@ def apply_update(
     model is sharded and each term is this rank's part of the global loss: norms, clipping and
     the reported losses are over all ranks."""
     total = reduce or (lambda t: t)
-
-    def trained() -> list[torch.nn.Parameter]:
-        # read after each backward: between a forward and its backward, FSDP2's root module
-        # holds unsharded parameters in place of the sharded ones the optimizer updates
-        return [p for p in model.parameters() if p.requires_grad]
-
     if reduce is None:
         # A sharded model's gradients are cleared before its forward passes (`run_update`):
         # after a forward, FSDP2's root holds unsharded parameters, and clearing those would
         # leave the sharded gradients of the last step to accumulate into this one.
         optimizer.zero_grad(set_to_none=True)
-    metrics: dict[str, float] = {"lr": lr, "lambda": lam}
-    rl_norm = 0.0
-    rl_grads: list[torch.Tensor] | None = None
+    rl_value = None
     if rl.loss is not None:
         rl.loss.backward()
-        rl_grads = _grad_snapshot(trained())
-        rl_norm = _norm(rl_grads, reduce)
-        metrics["loss_rl"] = float(total(rl.loss.detach()))
+        rl_value = float(total(rl.loss.detach()))
+    grads = TermGradients(model, reduce, rl_value)
     distill_losses = [w * term.loss for w, term in distill if term.loss is not None]
+    distill_value = None
     if distill_losses and lam > 0:
         total_distill = torch.stack(distill_losses).sum()
         (lam * total_distill).backward()
-        after = _grad_snapshot(trained())
-        d_grads = after if rl_grads is None else [a - b for a, b in zip(after, rl_grads, strict=True)]
-        d_norm = _norm(d_grads, reduce)
-        metrics["loss_distill"] = float(total(total_distill.detach()))
-        metrics["grad_norm_distill"] = d_norm
-        if rl_norm > 0:
-            metrics["grad_norm_ratio_distill_rl"] = d_norm / rl_norm
-    metrics["grad_norm_rl"] = rl_norm
-    if rl.loss is None and not (distill_losses and lam > 0):
-        metrics["skipped_update"] = 1.0
+        distill_value = float(total(total_distill.detach()))
+    return grads.step(optimizer, distill_value, lam=lam, max_grad_norm=max_grad_norm, lr=lr)
+
+
+def trained_parameters(model: PreTrainedModel) -> list[torch.nn.Parameter]:
+    # read after each backward: between a forward and its backward, FSDP2's root module
+    # holds unsharded parameters in place of the sharded ones the optimizer updates
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+class TermGradients:
+    """The step's gradient, term by term: made once the RL term's backward passes are done (its
+    gradient is then all the parameters hold, and is kept to tell the distillation term's
+    apart), `step` once the distillation terms' are. Both norms are measured (their ratio says
+    which term dominates the update), then the whole gradient is clipped and the optimizer steps."""
+
+    def __init__(self, model: PreTrainedModel, reduce: SumOverRanks | None, rl_loss: float | None) -> None:
+        self.model = model
+        self.reduce = reduce
+        self.rl_loss = rl_loss
+        self.rl_norm = 0.0
+        self.rl_grads: list[torch.Tensor] | None = None
+        if rl_loss is not None:
+            self.rl_grads = _grad_snapshot(trained_parameters(model))
+            self.rl_norm = _norm(self.rl_grads, reduce)
+
+    def step(
+        self,
+        optimizer: torch.optim.Optimizer,
+        distill_loss: float | None,
+        *,
+        lam: float,
+        max_grad_norm: float,
+        lr: float,
+    ) -> dict[str, float]:
+        """`distill_loss`: the distillation terms' value (weighted, before lambda), None when they
+        were not backpropagated (no term, or lambda 0)."""
+        reduce = self.reduce
+        metrics: dict[str, float] = {"lr": lr, "lambda": lam}
+        if self.rl_loss is not None:
+            metrics["loss_rl"] = self.rl_loss
+        if distill_loss is not None:
+            after = _grad_snapshot(trained_parameters(self.model))
+            rl_grads = self.rl_grads
+            d_grads = after if rl_grads is None else [a - b for a, b in zip(after, rl_grads, strict=True)]
+            d_norm = _norm(d_grads, reduce)
+            metrics["loss_distill"] = distill_loss
+            metrics["grad_norm_distill"] = d_norm
+            if self.rl_norm > 0:
+                metrics["grad_norm_ratio_distill_rl"] = d_norm / self.rl_norm
+        metrics["grad_norm_rl"] = self.rl_norm
+        if self.rl_loss is None and distill_loss is None:
+            metrics["skipped_update"] = 1.0
+            return metrics
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        params = trained_parameters(self.model)
+        if reduce is None:
+            metrics["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm))
+        else:
+            metrics["grad_norm"] = _clip_sharded(params, max_grad_norm, reduce)
+        optimizer.step()
+        metrics["skipped_update"] = 0.0
         return metrics
-    for group in optimizer.param_groups:
-        group["lr"] = lr
-    if reduce is None:
-        metrics["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(trained(), max_grad_norm))
-    else:
-        metrics["grad_norm"] = _clip_sharded(trained(), max_grad_norm, reduce)
-    optimizer.step()
-    metrics["skipped_update"] = 0.0
-    return metrics
+
+
+def divide_term_gradient(model: PreTrainedModel, before: list[torch.Tensor], divisor: float) -> None:
+    """Divide what the last term added to the gradients (`grad - before`) by `divisor`: a term
+    whose normaliser was known only after its last micro-batch's forward."""
+    for p, b in zip(trained_parameters(model), before, strict=True):
+        if p.grad is None:
+            continue
+        g = _local(p.grad)
+        g.sub_(b).div_(divisor).add_(b)
+
+
+def gradient_snapshot(model: PreTrainedModel) -> list[torch.Tensor]:
+    """A copy of every trained parameter's local gradient (zeros where there is none)."""
+    return _grad_snapshot(trained_parameters(model))

@@ -4,19 +4,30 @@ verifier-failure bound, a sharded learner's rank shares) and the loss over them 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import torch
 from transformers import PreTrainedModel
 
-from cascade.algo import GrpoLossInput, group_advantages, grpo_loss, zero_variance_mask
+from cascade.algo import (
+    GrpoLossInput,
+    GrpoNorms,
+    group_advantages,
+    grpo_loss,
+    grpo_normalisers,
+    zero_variance_mask,
+)
 from cascade.algo.masking import SumOverRanks
 from cascade.algo.turn_mask import TurnLayout, model_token_mask
 from cascade.config import GrpoConfig
-from cascade.engine.batch import build_batch
-from cascade.engine.logprobs import completion_logprobs
+from cascade.engine.batch import SequenceBatch, build_batch
+from cascade.engine.logprobs import completion_logprobs, completion_logprobs_entropy
+from cascade.engine.microbatch import MicroBatching, Span, micro_batch_spans, padded_tokens
 from cascade.rollout.requests import RolloutBatch
 from cascade.runner.optimizer_step import LossTerm, placeholder_batch
+from cascade.runner.term_sums import TermSums
 from cascade.tools.turn_loop import turn_metrics
 
 
@@ -77,10 +88,25 @@ class RlPlan:
     """Rows of the whole plan (a share's own rows may be none while other ranks have some)."""
     layouts: list[TurnLayout] | None = None
     """Multi-turn rows: only the model's tokens are trained (`model_token_mask`)."""
+    micro_batches: int = 1
+    """The fewest micro-batches this plan's term runs in (a sharded learner sets every rank's
+    to the most any rank's share needs: the ranks' forward and backward passes pair up)."""
 
     @property
     def empty(self) -> bool:
         return not self.group_ids
+
+    def spans(self, batching: MicroBatching) -> list[Span]:
+        """The micro-batches of this plan's rows under `batching`."""
+        return micro_batch_spans(
+            [len(p) for p in self.prompt_ids],
+            [len(c) for c in self.completion_ids],
+            batching,
+            at_least=self.micro_batches,
+        )
+
+    def in_one_pass(self, batching: MicroBatching) -> bool:
+        return len(self.spans(batching)) <= 1
 
     def share(self, rank: int, size: int) -> RlPlan:
         """Rank `rank`'s part of the rows: a contiguous block of whole groups (groups differ in
@@ -98,6 +124,7 @@ class RlPlan:
             temperature=self.temperature,
             global_rows=self.global_rows,
             layouts=None if self.layouts is None else [self.layouts[i] for i in rows],
+            micro_batches=self.micro_batches,
         )
 
 
@@ -176,7 +203,7 @@ def rl_loss(
             sb.completion_mask = model_token_mask(plan.layouts, sb.completion_mask).float()
         sb = sb.to(device)
         advantages, group_ids = torch.tensor(plan.advantages), torch.tensor(plan.group_ids)
-    logp = completion_logprobs(model, sb, plan.temperature)
+    logp, entropy = completion_logprobs_entropy(model, sb, plan.temperature)
     width = sb.completion_ids.shape[1]
     old = None
     if plan.old_logprobs is not None:
@@ -202,7 +229,103 @@ def rl_loss(
         )
     )
     metrics.update({f"grpo_{k}": v for k, v in out.metrics.items()})
+    total = reduce or (lambda t: t)
+    metrics["grpo_entropy"] = float(total(entropy.sum())) / max(out.metrics["n_tokens"], 1.0)
     return LossTerm(out.loss, metrics)
+
+
+def _rl_micro_batch(
+    plan: RlPlan, span: Span, pad_id: int
+) -> tuple[SequenceBatch, torch.Tensor, torch.Tensor]:
+    """Rows `span` of the plan as a batch, with their advantages and group ids (a placeholder row
+    with nothing counted for an empty span)."""
+    lo, hi = span
+    if lo == hi:
+        return placeholder_batch(pad_id), torch.zeros(1), torch.zeros(1, dtype=torch.long)
+    sb = build_batch(plan.prompt_ids[lo:hi], plan.completion_ids[lo:hi], pad_id)
+    if plan.layouts is not None:  # the environment's tokens are context, never trained
+        sb.completion_mask = model_token_mask(plan.layouts[lo:hi], sb.completion_mask).float()
+    return sb, torch.tensor(plan.advantages[lo:hi]), torch.tensor(plan.group_ids[lo:hi])
+
+
+def rl_backward(
+    model: PreTrainedModel,
+    plan: RlPlan,
+    cfg: GrpoConfig,
+    *,
+    pad_id: int,
+    batching: MicroBatching,
+    autocast: Callable[[], AbstractContextManager[object]],
+    ref_model: PreTrainedModel | None = None,
+    reduce: SumOverRanks | None = None,
+) -> tuple[float | None, dict[str, float]]:
+    """The GRPO term in micro-batches (`plan.spans`): each one's forward (under `autocast`),
+    then its backward, its part of the step's loss accumulating in the parameters' gradients.
+    The normalisers are the step's, from every row's counted tokens before the first forward
+    (`grpo_normalisers`: a group's statistics span it wherever its rows land), so the gradient
+    is the one-pass gradient to float rounding, whatever the cut. Returns the term's value (None:
+    no row on any rank) and its metrics, each summed over micro-batches and then, in one call,
+    over ranks."""
+    metrics = dict(plan.metrics)
+    if plan.global_rows == 0:
+        return None, metrics
+    device = model.device
+    spans = plan.spans(batching)
+    batches = [_rl_micro_batch(plan, span, pad_id) for span in spans]
+    real, padded = padded_tokens(
+        [len(p) for p in plan.prompt_ids], [len(c) for c in plan.completion_ids], spans
+    )
+    counted = [
+        sb.completion_mask.sum(dim=1) for (lo, hi), (sb, _, _) in zip(spans, batches, strict=True) if hi > lo
+    ]
+    row_tokens = torch.cat(counted) if counted else torch.zeros(0)
+    all_groups = torch.tensor(plan.group_ids, dtype=torch.long)
+    norms = grpo_normalisers(row_tokens, all_groups, cfg.loss_aggregation, reduce)
+    sums = TermSums()
+    sums.add({"real_tokens": float(real), "padded_tokens": float(padded)})
+    for (lo, hi), (sb, advantages, group_ids) in zip(spans, batches, strict=True):
+        sb = sb.to(device)
+        # a placeholder row counts nothing and is scaled by nothing
+        rows = norms.rows(lo, hi) if hi > lo else GrpoNorms(torch.zeros(1), norms.n_units, norms.n_tokens)
+        with autocast():
+            logp, entropy = completion_logprobs_entropy(
+                model, sb, plan.temperature, chunk_bytes=batching.logits_chunk_bytes
+            )
+            width = sb.completion_ids.shape[1]
+            old = None
+            if plan.old_logprobs is not None:
+                old = _padded_logprobs(plan.old_logprobs[lo:hi] if hi > lo else [[0.0]], width).to(device)
+            ref = None
+            if cfg.kl_coef > 0 and ref_model is not None:
+                with torch.no_grad():
+                    ref = completion_logprobs(
+                        ref_model, sb, plan.temperature, chunk_bytes=batching.logits_chunk_bytes
+                    )
+            out = grpo_loss(
+                GrpoLossInput(
+                    logprobs=logp,
+                    advantages=advantages.to(device),
+                    mask=sb.completion_mask,
+                    group_ids=group_ids.to(device),
+                    old_logprobs=old,
+                    ref_logprobs=ref,
+                    aggregation=cfg.loss_aggregation,
+                    clip_eps_low=cfg.clip_eps_low,
+                    clip_eps_high=cfg.clip_eps_high,
+                    kl_coef=cfg.kl_coef,
+                    norms=rows.to(device),
+                )
+            )
+        out.loss.backward()
+        sums.add({"loss": float(out.loss.detach()), **out.metrics})
+        sums.add({"entropy": float(entropy.sum()) / float(norms.n_tokens.clamp(min=1))})
+    total = sums.over_ranks(reduce)
+    loss = total.pop("loss")
+    real_all, padded_all = total.pop("real_tokens"), total.pop("padded_tokens")
+    metrics.update({f"grpo_{k}": v for k, v in total.items()})
+    metrics["micro_batches"] = float(len(spans))
+    metrics["padding_share"] = 1.0 - real_all / padded_all if padded_all else 0.0
+    return loss, metrics
 
 
 def rl_term(

@@ -3,7 +3,8 @@ under `torchrun --nproc-per-node 2` (gloo on this CPU) drives three updates of R
 reference plus a distillation term (sampled, top-k, full) through `ShardedTrainer` and
 `LocalTrainer` side by side, then resumes a 2-rank checkpoint on 1 process and a 1-process
 checkpoint on 2 ranks. Step metrics (losses, gradient norms, distillation and GRPO metrics) and
-the updated weights must agree within 1e-5."""
+the updated weights must agree within 1e-5. Run a second time with the sharded side in
+micro-batches (each rank cutting its share, the vocabulary in chunks): the same bound."""
 
 from __future__ import annotations
 
@@ -21,14 +22,29 @@ ROOT = Path(__file__).resolve().parents[2]
 TOLERANCE = 1e-5
 
 
-@pytest.fixture(scope="module")
-def report(random_tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    work = tmp_path_factory.mktemp("sharded")
+def _run(model: Path, work: Path, *extra: str) -> dict:
     out = work / "report.json"
-    argv = torchrun_argv(2, "tests.sharded_equivalence", [str(random_tiny_model), str(work), str(out)])
+    argv = torchrun_argv(2, "tests.sharded_equivalence", [str(model), str(work), str(out), *extra])
     proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     return json.loads(out.read_text())
+
+
+@pytest.fixture(scope="module")
+def report(random_tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    return _run(random_tiny_model, tmp_path_factory.mktemp("sharded"))
+
+
+@pytest.fixture(scope="module")
+def micro_report(random_tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    return _run(random_tiny_model, tmp_path_factory.mktemp("sharded-micro"), "micro")
+
+
+def test_two_ranks_in_micro_batches_make_the_update_of_one_process_in_one_pass(micro_report: dict) -> None:
+    test_two_ranks_make_the_update_of_one_process(micro_report)
+    assert all(s["micro_batches"] > 1 for s in micro_report["steps"])
+    resumed = micro_report["one_to_two"]
+    assert resumed["metric_diff"] <= TOLERANCE and resumed["weights_diff"] <= TOLERANCE, resumed
 
 
 def test_two_ranks_make_the_update_of_one_process(report: dict) -> None:
