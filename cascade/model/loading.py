@@ -14,6 +14,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
+MASTER_DTYPE = "float32"
+"""The dtype of the parameters the optimizer updates, whatever the checkpoint's dtype: an AdamW
+step at a learning rate like 1e-5 moves most weights by less than half a bfloat16 unit in the
+last place, so a policy trained in bfloat16 keeps few of its updates (one GRPO update on a
+103M Qwen3 changed 7.3% of the parameters in bfloat16, 99.995% in float32). bfloat16 compute
+comes from autocast (`cascade.accel`) or FSDP2's mixed precision (`cascade.parallel.fsdp`)."""
+
 
 class ModelLoadError(Exception):
     pass
@@ -23,6 +30,11 @@ class ModelLoadError(Exception):
 class Policy:
     model: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase
+    save_dtype: str | None = None
+    """The dtype the weights are written in (`cascade.runner.checkpoint.save_model_dir`): the
+    checkpoint's (`model.dtype`), what teachers, KL references and rollout replicas load. None:
+    the parameters' own dtype. It differs from the parameters' only for a policy that trains
+    (`load_trainable_policy`)."""
 
     @property
     def eos_token_ids(self) -> list[int]:
@@ -61,6 +73,15 @@ def load_policy(path: str | Path, dtype: str = "float32", device: str = "cpu") -
     )
     model.to(device)  # type: ignore[arg-type]
     return Policy(model=model, tokenizer=tok)
+
+
+def load_trainable_policy(path: str | Path, dtype: str, device: str = "cpu") -> Policy:
+    """The policy the optimizer updates: float32 parameters (`MASTER_DTYPE`) whatever `dtype`
+    (the checkpoint's, e.g. bfloat16 for a Qwen3 directory), which stays the dtype it is saved
+    and served in."""
+    policy = load_policy(path, MASTER_DTYPE, device)
+    policy.save_dtype = dtype
+    return policy
 
 
 def load_model_weights_only(path: str | Path, dtype: str = "float32", device: str = "cpu") -> PreTrainedModel:

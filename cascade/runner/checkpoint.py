@@ -4,12 +4,19 @@ checkpoint (teachers and the rollout service load it with `from_pretrained`). Te
 written from CPU copies whatever device the learner trains on, so a checkpoint made on a GPU
 resumes on the CPU and back.
 
+The model directory holds the weights in the checkpoint's dtype (`Policy.save_dtype`, the run's
+`model.dtype`: what teachers, references and rollout replicas load), while the policy trains on
+float32 master weights (`cascade.model.loading.MASTER_DTYPE`). When the two differ, a resumable
+checkpoint also holds the master weights (`MASTER_FILE`; a sharded learner's are its `dcp/`
+shards), so a run resumes from the weights it stopped at, not their rounding.
+
 A checkpoint is written to a temporary directory and renamed into place, so a crash while
 writing never leaves a half checkpoint that `--resume` would pick up.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import shutil
@@ -18,18 +25,53 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save_file, save_model
 
-from cascade.model.loading import Policy
-from cascade.parallel.checkpoint import OPTIM_FILE, STATE_FILE
+from cascade.model.loading import DTYPES, MASTER_DTYPE, Policy
+from cascade.parallel.checkpoint import MASTER_FILE, OPTIM_FILE, STATE_FILE
 
 RNG_FILE = "rng.safetensors"
 
 
 def save_model_dir(policy: Policy, path: Path) -> None:
+    """A loadable model directory, its weights (and config.json's `dtype`) in `policy.save_dtype`."""
     path.mkdir(parents=True, exist_ok=True)
-    policy.model.save_pretrained(path, safe_serialization=True)
+    if _needs_cast(policy):
+        assert policy.save_dtype is not None
+        state = _cast_state_dict(policy.model, DTYPES[policy.save_dtype])
+        policy.model.save_pretrained(path, state_dict=state, safe_serialization=True)
+        # save_pretrained wrote the parameters' dtype; the file holds save_dtype (vLLM's `auto` reads it)
+        config = copy.deepcopy(policy.model.config)
+        config.dtype = policy.save_dtype
+        config.save_pretrained(path)
+    else:
+        policy.model.save_pretrained(path, safe_serialization=True)
     policy.tokenizer.save_pretrained(path)
+
+
+def _needs_cast(policy: Policy) -> bool:
+    """Whether some floating-point weight is held in another dtype than the one it is saved in."""
+    if policy.save_dtype is None:
+        return False
+    want = DTYPES[policy.save_dtype]
+    return any(t.is_floating_point() and t.dtype != want for t in policy.model.state_dict().values())
+
+
+def _cast_state_dict(model: torch.nn.Module, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """The model's state as CPU copies in `dtype` (floating-point tensors only). Tensors that
+    share storage (an LM head tied to the embedding) stay one tensor, so `save_pretrained` still
+    writes it once."""
+    out: dict[str, torch.Tensor] = {}
+    copies: dict[tuple[int, int, tuple[int, ...], tuple[int, ...]], torch.Tensor] = {}
+    for name, t in model.state_dict().items():
+        if not t.is_floating_point():
+            out[name] = t
+            continue
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride())
+        if key not in copies:
+            copies[key] = t.detach().to(device="cpu", dtype=dtype)
+        out[name] = copies[key]
+    return out
 
 
 def save_model_dir_atomically(policy: Policy, path: Path) -> None:
@@ -91,6 +133,9 @@ def save_checkpoint(
         shutil.rmtree(tmp)
     try:
         save_model_dir(policy, tmp)
+        if _needs_cast(policy) and policy.save_dtype != MASTER_DTYPE:
+            # the model directory rounds the master weights: the exact ones beside it
+            save_model(policy.model, str(tmp / MASTER_FILE))
         meta: dict[str, Any] | None = None
         if optimizer is not None:
             tensors, meta = _optimizer_tensors(optimizer)
@@ -113,8 +158,8 @@ def save_checkpoint(
 def load_checkpoint_state(
     path: Path, *, optimizer: torch.optim.Optimizer | None, generator: torch.Generator
 ) -> dict[str, Any]:
-    """Restore optimizer (None: leave it fresh) and RNG state (the weights are loaded by
-    `load_policy(path)`)."""
+    """Restore optimizer (None: leave it fresh) and RNG state (the weights are loaded by the
+    trainer's `load(path)`, master weights included)."""
     blob = json.loads((path / STATE_FILE).read_text())
     if optimizer is not None:
         _load_optimizer(optimizer, load_file(str(path / OPTIM_FILE)), blob["optimizer"])

@@ -24,15 +24,15 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 
 from cascade.accel import Accel, resolve_learner
 from cascade.config import LearnerConfig, StageConfig
-from cascade.model.loading import Policy, load_policy
-from cascade.parallel.checkpoint import load_optimizer, save_shards
+from cascade.model.loading import Policy, load_policy, load_trainable_policy
+from cascade.parallel.checkpoint import load_master_weights, load_optimizer, save_shards
 from cascade.parallel.fsdp import shard_policy
 from cascade.parallel.launch import start_rank
 from cascade.parallel.world import World, launched_world, leave_world
 from cascade.runner.checkpoint import load_checkpoint_state, save_checkpoint
 from cascade.runner.distill import DistillData
 from cascade.runner.frozen_models import FrozenModelCache
-from cascade.runner.update import UpdateRequest, run_update, share_all
+from cascade.runner.update import UpdateRequest, run_update, share_all, share_request
 
 
 @dataclass
@@ -75,8 +75,11 @@ class RankShard:
 
     def load(self, path: Path) -> None:
         # read into host memory, then sharded: `fully_shard` moves each rank's shard to the
-        # mesh's device, so no GPU ever holds the whole model for this copy
-        policy = load_policy(path, self.dtype, device="cpu")
+        # mesh's device, so no GPU ever holds the whole model for this copy. The shards are
+        # float32 master weights whatever `dtype` (a checkpoint's exact ones when it rounds
+        # them); FSDP2 gathers them in bfloat16 for compute under mixed precision.
+        policy = load_trainable_policy(path, self.dtype, device="cpu")
+        load_master_weights(policy.model, path)
         shard_policy(policy.model, self.world, self.accel)
         self.model = policy.model
         self.optimizer = None
@@ -148,6 +151,9 @@ class ShardedTrainer:
 
     def load(self, path: Path) -> None:
         self._all("load", path)
+        # not trained: the full weights for generating, pushing and saving, in the checkpoint's
+        # dtype (each update gathers the float32 shards into it, rounded; a checkpoint's
+        # `dcp/` shards keep the master weights, `RankShard.save`)
         self.policy: Policy = load_policy(path, self.dtype, device=str(self.accel.device))
 
     def start_stage(self, stage: StageConfig) -> None:
@@ -165,11 +171,12 @@ class ShardedTrainer:
         self, req: UpdateRequest, distill: Callable[[], list[DistillData]]
     ) -> tuple[dict[str, float], float]:
         size = self.world.size
-        own = _scatter(self.world, [Command("update", (req.share(r, size),)) for r in range(size)])
+        own = _scatter(self.world, [Command("update", (share,)) for share in share_request(req, size)])
 
         def distill_shares() -> list[DistillData]:
             fetched = distill()
-            return _scatter(self.world, [share_all(fetched, r, size, req.pad_id) for r in range(size)])
+            shares = [share_all(fetched, r, size, req.pad_id, req.batching) for r in range(size)]
+            return _scatter(self.world, shares)
 
         out = self.shard.update(own.args[0], distill_shares)
         self.policy.model.load_state_dict(self.shard.full_weights())

@@ -2,7 +2,11 @@
 `cascade.runner.sharded.ShardedTrainer` (FSDP2 over the ranks `torchrun` started; this
 process is rank 0). Either way `policy` holds the full current weights on the driver, the
 weights that generate in an embedded run, are pushed to the rollout service, and are saved as
-teachers and references."""
+teachers and references.
+
+The weights the optimizer updates are float32 whatever `model.dtype` (`dtype` here): the
+master weights (`cascade.model.loading.MASTER_DTYPE`). `dtype` is the checkpoint's, the one
+every model directory the run writes holds (`Policy.save_dtype`)."""
 
 from __future__ import annotations
 
@@ -14,8 +18,8 @@ import torch
 
 from cascade.accel import Accel
 from cascade.config import StageConfig
-from cascade.model.loading import Policy, load_policy
-from cascade.parallel.checkpoint import is_sharded, load_optimizer
+from cascade.model.loading import Policy, load_trainable_policy
+from cascade.parallel.checkpoint import is_sharded, load_master_weights, load_optimizer
 from cascade.parallel.world import World
 from cascade.runner.checkpoint import load_checkpoint_state, save_checkpoint
 from cascade.runner.distill import DistillData
@@ -61,7 +65,10 @@ class LocalTrainer:
         self.optimizer: torch.optim.Optimizer | None = None
 
     def load(self, path: Path) -> None:
-        self.policy = load_policy(path, self.dtype, device=str(self.accel.device))
+        # read on the CPU, a checkpoint's exact float32 weights put in, then moved to the device
+        self.policy = load_trainable_policy(path, self.dtype, device="cpu")
+        load_master_weights(self.policy.model, path)
+        self.policy.model.to(self.accel.device)  # type: ignore[arg-type]
 
     def start_stage(self, stage: StageConfig) -> None:
         self.optimizer = torch.optim.AdamW(
