@@ -3,8 +3,12 @@
 One worker thread owns the model(s): it takes the oldest waiting request and, while other
 requests are announced (their RPC has arrived but is still being parsed), waits up to
 `max_wait_s` for them, until `max_batch_sequences` sequences for the same teacher are waiting;
-then it scores them together with `cascade.distill.scoring.score_sequences`. A lone request
-never waits. A request with a bad sequence fails alone; the others in its batch are scored.
+then it scores them together with `cascade.distill.scoring.score_sequences`, in forwards of at
+most `max_batch_tokens` padded tokens and `max_batch_sequences` sequences, with at most
+`logits_chunk_bytes` of float32 logits at a time: the service's memory, whatever the requests.
+A lone request never waits. A request with a bad sequence (a sequence longer than
+`max_batch_tokens` included), or whose reply would pass the message limit, fails alone, before
+anything is computed; the others in its batch are scored.
 """
 
 from __future__ import annotations
@@ -17,9 +21,12 @@ from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from cascade.distill.modes import distill_mode
 from cascade.distill.samples import SequenceScores
 from cascade.distill.scoring import ScoreRequest, check_score_request, score_sequences
 from cascade.engine.base import EngineRequestError
+from cascade.engine.microbatch import MIB, MicroBatching
+from cascade.transport.grpc_server import DEFAULT_MAX_MESSAGE_BYTES
 from services.teacher.pool import TeacherPool
 
 log = logging.getLogger(__name__)
@@ -53,11 +60,18 @@ class ScoringBatcher:
         pool: TeacherPool,
         *,
         max_batch_sequences: int = 64,
+        max_batch_tokens: int | None = 32768,
+        logits_chunk_bytes: int = 256 * MIB,
+        max_reply_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         max_wait_s: float = 0.005,
         on_batch: BatchHook | None = None,
     ) -> None:
         self.pool = pool
         self.max_batch_sequences = max_batch_sequences
+        self.batching = MicroBatching(
+            tokens=max_batch_tokens, sequences=max_batch_sequences, logits_chunk_bytes=logits_chunk_bytes
+        )
+        self.max_reply_bytes = max_reply_bytes
         self.max_wait_s = max_wait_s
         self.on_batch = on_batch
         self._jobs: list[_Job] = []
@@ -142,6 +156,7 @@ class ScoringBatcher:
                 check_score_request(
                     job.request, vocab_size=teacher.vocab_size, max_context=teacher.max_context
                 )
+                self._check_bounds(job.request, teacher.vocab_size)
             except EngineRequestError as err:
                 job.future.set_exception(err)
                 continue
@@ -149,12 +164,25 @@ class ScoringBatcher:
         if not valid:
             return
         results = score_sequences(
-            teacher.model,
-            [j.request for j in valid],
-            pad_id=teacher.pad_id,
-            max_batch=self.max_batch_sequences,
+            teacher.model, [j.request for j in valid], pad_id=teacher.pad_id, batching=self.batching
         )
         if self.on_batch is not None:
             self.on_batch(teacher.name, len(valid), sum(j.size for j in valid))
         for job, scores in zip(valid, results, strict=True):
             job.future.set_result(Scored(teacher.path, teacher.vocab_size, scores))
+
+    def _check_bounds(self, request: ScoreRequest, vocab_size: int) -> None:
+        """What the service's own bounds refuse: a sequence no forward within `max_batch_tokens`
+        can hold, a reply over the message limit (known before anything is computed)."""
+        limit = self.batching.tokens
+        pairs = zip(request.prompt_ids, request.completion_ids, strict=True)
+        for i, (prompt, completion) in enumerate(pairs):
+            if limit is not None and len(prompt) + len(completion) > limit:
+                raise EngineRequestError(
+                    f"sequences[{i}]: {len(prompt)} + {len(completion)} tokens exceed the teacher "
+                    f"service's --max-batch-tokens of {limit} (the tokens of one forward)"
+                )
+        tokens = sum(len(c) for c in request.completion_ids)
+        too_big = distill_mode(request.mode).reply_size_error(tokens, vocab_size, self.max_reply_bytes)
+        if too_big is not None:
+            raise EngineRequestError(too_big)

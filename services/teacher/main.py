@@ -52,6 +52,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="sequences per forward; concurrent requests are merged up to this (default: %(default)s)",
     )
     p.add_argument(
+        "--max-batch-tokens",
+        type=int,
+        default=32768,
+        help="padded tokens (prompt + completion) per forward: a request's sequences go through the "
+        "model in forwards within this; a longer sequence is refused (default: %(default)s)",
+    )
+    p.add_argument(
+        "--logits-chunk-mib",
+        type=float,
+        default=256.0,
+        help="float32 logits computed at a time: a forward whose logits would pass this computes them "
+        "over chunks of completion positions (default: %(default)s)",
+    )
+    p.add_argument(
         "--max-wait-ms",
         type=float,
         default=5.0,
@@ -69,11 +83,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name, path in args.teacher:
         if not (path / "config.json").is_file():
             p.error(f"--teacher {name}: {path} is not a model directory (no config.json)")
-    for flag in ("max_batch_sequences", "max_sequences", "rpc_threads"):
+    for flag in ("max_batch_sequences", "max_batch_tokens", "max_sequences", "rpc_threads"):
         if getattr(args, flag) < 1:
             p.error(f"--{flag.replace('_', '-')} must be at least 1")
     if args.memory_budget_mb <= 0 or args.max_wait_ms < 0 or args.torch_threads < 0:
         p.error("--memory-budget-mb must be positive, --max-wait-ms and --torch-threads not negative")
+    if not args.logits_chunk_mib > 0:
+        p.error(f"--logits-chunk-mib must be positive (got {args.logits_chunk_mib})")
     return args
 
 
@@ -103,6 +119,8 @@ def serve(args: argparse.Namespace) -> int:
     batcher = ScoringBatcher(
         pool,
         max_batch_sequences=args.max_batch_sequences,
+        max_batch_tokens=args.max_batch_tokens,
+        logits_chunk_bytes=int(args.logits_chunk_mib * 2**20),
         max_wait_s=args.max_wait_ms / 1000,
         on_batch=on_batch,
     )
@@ -117,7 +135,8 @@ def serve(args: argparse.Namespace) -> int:
         ready=lambda port, metrics_port: (
             f"teacher service on {args.host}:{port} (metrics on :{metrics_port}): teachers "
             f"{', '.join(pool.names()) or 'none (SetTeacher adds them)'}, budget "
-            f"{args.memory_budget_mb:.0f} MiB, {args.device}"
+            f"{args.memory_budget_mb:.0f} MiB, forwards of at most {args.max_batch_tokens} tokens and "
+            f"{args.logits_chunk_mib:g} MiB of logits, {args.device}"
         ),
     )
     batcher.close()

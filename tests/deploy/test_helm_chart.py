@@ -392,6 +392,8 @@ def test_external_database_is_required_without_the_bundled_one() -> None:
         ({"learner": {"gpusPerNode": -1}}, "/learner/gpusPerNode"),
         ({"learner": {"nodes": 0}}, "/learner/nodes"),
         ({"teacher": {"gpus": -1}}, "/teacher/gpus"),
+        ({"teacher": {"maxBatchTokens": 0}}, "/teacher/maxBatchTokens"),
+        ({"teacher": {"logitsChunkMib": 0}}, "/teacher/logitsChunkMib"),
         ({"rollout": {"replicaCount": 0}}, "/rollout/replicaCount"),
         ({"rewardWorker": {"sandbox": {"runAsUser": 0}}}, "/rewardWorker/sandbox/runAsUser"),
         ({"rewardWorker": {"sandbox": {"procMount": "Default"}}}, "/rewardWorker/sandbox/procMount"),

@@ -1,6 +1,8 @@
 """The teacher service end to end: `python -m services.teacher.main` as a real subprocess on free
 ports, hosting named teachers (copies and perturbations of the random tiny model) within a
-memory budget that holds one and a half of them."""
+memory budget that holds one and a half of them, and scoring within memory bounds that bind on
+every request (forwards of at most 64 tokens, the logits of 2 positions at a time), so every
+comparison with the learner's unbounded computation below is one of the bounded path."""
 
 from __future__ import annotations
 
@@ -26,6 +28,8 @@ pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("torch_one_threa
 PROMPTS = [[1, 5, 9, 13, 17], [4, 8], [30, 31, 32]]
 COMPLETIONS = [[40, 41, 42, 43], [50, 51, 52, 53, 54, 2], [60, 61]]
 BUDGET_MB = 5.0  # one tiny model is ~3.3 MB: a second teacher evicts the first
+MAX_BATCH_TOKENS = 64
+LOGITS_CHUNK_MIB = 2 * 384 * 4 / 2**20  # two positions of the tiny vocabulary
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +46,10 @@ def service(tiny_checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPath
         str(BUDGET_MB),
         "--max-wait-ms",
         "100",
+        "--max-batch-tokens",
+        str(MAX_BATCH_TOKENS),
+        "--logits-chunk-mib",
+        repr(LOGITS_CHUNK_MIB),
     )
     try:
         svc.wait_serving(60)
@@ -185,6 +193,10 @@ BAD_REQUESTS = {
     "over the context": (
         _request(sequences=[pb.ScoredSequence(prompt_ids=[1] * 200, completion_ids=[3] * 60)]),
         "200 + 60 tokens exceed the teacher's context of 256",
+    ),
+    "over a forward": (
+        _request(sequences=[pb.ScoredSequence(prompt_ids=[1] * 50, completion_ids=[3] * 20)]),
+        "sequences[0]: 50 + 20 tokens exceed the teacher service's --max-batch-tokens of 64",
     ),
     "topk 0": (_request(mode=pb.LOGPROB_MODE_TOPK, topk=0), "topk: must be in [1, 384]"),
     "temperature 0": (_request(temperature=0.0), "temperature: must be > 0"),
