@@ -44,12 +44,14 @@ from cascade.distill.samples import DistillSamples, SequenceScores, TeacherToken
 from cascade.engine.base import EngineRequestError
 from cascade.engine.batch import SequenceBatch
 from cascade.engine.logprobs import (
+    DEFAULT_CHUNK_BYTES,
     completion_logits,
     completion_logprobs,
     gather_logprobs,
     needs_chunks,
     over_vocab_chunks,
 )
+from cascade.engine.microbatch import MicroBatching, micro_batch_spans
 from cascade_proto.v1 import teacher_pb2 as pb
 
 Mode: TypeAlias = str
@@ -87,8 +89,15 @@ class DistillMode(ABC):
     # ---------------------------------------------------------------- the teacher's tokens
 
     @abstractmethod
-    def local_tokens(self, teacher: PreTrainedModel, sb: SequenceBatch, cfg: DistillConfig) -> TeacherTokens:
-        """The teacher's tokens computed in this process (`sb` on the teacher's device, no grad)."""
+    def local_tokens(
+        self,
+        teacher: PreTrainedModel,
+        sb: SequenceBatch,
+        cfg: DistillConfig,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    ) -> TeacherTokens:
+        """The teacher's tokens computed in this process (`sb` on the teacher's device, no grad;
+        the vocabulary in chunks of `chunk_bytes` where the mode allows)."""
 
     @abstractmethod
     def remote_tokens(self, replies: Sequence[list[SequenceScores]], sb: SequenceBatch) -> TeacherTokens:
@@ -200,10 +209,24 @@ def mode_of_enum(value: int) -> DistillMode | None:
     return next((m for m in MODES.values() if m.proto_enum == value), None)
 
 
-def local_teacher_tokens(teacher: PreTrainedModel, sb: SequenceBatch, cfg: DistillConfig) -> TeacherTokens:
-    """The teacher's tokens computed in this process (embedded mode), on the teacher's device."""
+def local_teacher_tokens(
+    teacher: PreTrainedModel, sb: SequenceBatch, cfg: DistillConfig, batching: MicroBatching | None = None
+) -> TeacherTokens:
+    """The teacher's tokens computed in this process (embedded mode), on the teacher's device:
+    with `batching`, over micro-batches of rows under its token budget (the rows keep the
+    batch's layout) and the vocabulary in its chunks, as the learner's own forwards."""
+    mode = distill_mode(cfg.loss)
+    batching = batching or MicroBatching()
+    sb = sb.to(teacher.device)
+    rows, width = sb.input_ids.shape
+    spans = micro_batch_spans([sb.prompt_len] * rows, [width - sb.prompt_len] * rows, batching)
     with torch.no_grad():
-        return distill_mode(cfg.loss).local_tokens(teacher, sb.to(teacher.device), cfg)
+        if len(spans) <= 1:
+            return mode.local_tokens(teacher, sb, cfg, batching.logits_chunk_bytes)
+        parts = [
+            mode.local_tokens(teacher, sb.rows(lo, hi), cfg, batching.logits_chunk_bytes) for lo, hi in spans
+        ]
+    return TeacherTokens.concat(parts)
 
 
 def remote_teacher_tokens(
@@ -215,6 +238,18 @@ def remote_teacher_tokens(
     """The teacher service's answer (`scores`: the reply to the mode's first request; `more`: to
     its further ones) on the learner's batch layout."""
     return distill_mode(cfg.loss).remote_tokens([scores, *more], sb)
+
+
+class _TopkScores:
+    """A chunk's top-k T=1 log-probs and ids, and the sampled token's T=1 log-prob."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+    def __call__(self, logits: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        lp = torch.log_softmax(logits, dim=-1)
+        top_lp, top_ids = lp.topk(min(self.k, lp.shape[-1]), dim=-1)
+        return top_lp, top_ids, lp.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
 
 
 def _token_logprob_t1(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
@@ -241,8 +276,16 @@ class SampledMode(DistillMode):
     def teacher_temperature(self, cfg: DistillConfig) -> float:
         return cfg.temperature
 
-    def local_tokens(self, teacher: PreTrainedModel, sb: SequenceBatch, cfg: DistillConfig) -> TeacherTokens:
-        return TeacherTokens(logprobs=completion_logprobs(teacher, sb, cfg.temperature))
+    def local_tokens(
+        self,
+        teacher: PreTrainedModel,
+        sb: SequenceBatch,
+        cfg: DistillConfig,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    ) -> TeacherTokens:
+        return TeacherTokens(
+            logprobs=completion_logprobs(teacher, sb, cfg.temperature, chunk_bytes=chunk_bytes)
+        )
 
     def remote_tokens(self, replies: Sequence[list[SequenceScores]], sb: SequenceBatch) -> TeacherTokens:
         return TeacherTokens(logprobs=self._pad("logprobs", replies[0], sb))
@@ -416,7 +459,18 @@ class TopkMode(DistributionMode):
     def requests(self, cfg: DistillConfig, vocab_size: int) -> tuple[TeacherRequest, ...]:
         return (*super().requests(cfg, vocab_size), TeacherRequest(SampledMode.name))
 
-    def local_tokens(self, teacher: PreTrainedModel, sb: SequenceBatch, cfg: DistillConfig) -> TeacherTokens:
+    def local_tokens(
+        self,
+        teacher: PreTrainedModel,
+        sb: SequenceBatch,
+        cfg: DistillConfig,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    ) -> TeacherTokens:
+        if needs_chunks(teacher, sb, chunk_bytes):
+            top_lp, top_ids, lp_t1 = over_vocab_chunks(
+                teacher, sb, _TopkScores(cfg.topk), chunk_bytes=chunk_bytes
+            )
+            return TeacherTokens(topk_ids=top_ids, topk_logprobs=top_lp, logprobs_t1=lp_t1)
         logits = completion_logits(teacher, sb, 1.0)
         k = min(cfg.topk, logits.shape[-1])
         # Untempered (T = 1) log-probs: topk_distill_loss applies T itself (tempering here
@@ -492,7 +546,14 @@ class FullMode(DistributionMode):
     name = "full"
     proto_enum = pb.LOGPROB_MODE_FULL
 
-    def local_tokens(self, teacher: PreTrainedModel, sb: SequenceBatch, cfg: DistillConfig) -> TeacherTokens:
+    def local_tokens(
+        self,
+        teacher: PreTrainedModel,
+        sb: SequenceBatch,
+        cfg: DistillConfig,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    ) -> TeacherTokens:
+        # the whole distribution is this mode's data: [rows, C, V] of one micro-batch of rows
         return TeacherTokens(logits=completion_logits(teacher, sb, 1.0))
 
     def remote_tokens(self, replies: Sequence[list[SequenceScores]], sb: SequenceBatch) -> TeacherTokens:

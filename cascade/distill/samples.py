@@ -87,6 +87,22 @@ class TeacherTokens:
             logprobs_t1=move(self.logprobs_t1),
         )
 
+    @classmethod
+    def concat(cls, parts: list[TeacherTokens]) -> TeacherTokens:
+        """The parts' rows one after the other (parts on one batch layout, as `rows` cuts it)."""
+
+        def cat(name: str) -> torch.Tensor | None:
+            values = [getattr(p, name) for p in parts]
+            return None if values[0] is None else torch.cat(values, dim=0)
+
+        return cls(
+            logprobs=cat("logprobs"),
+            logits=cat("logits"),
+            topk_ids=cat("topk_ids"),
+            topk_logprobs=cat("topk_logprobs"),
+            logprobs_t1=cat("logprobs_t1"),
+        )
+
     def rows(self, lo: int, hi: int, width: int) -> TeacherTokens:
         """Sequences `lo:hi`, cut to `width` completion positions (a share's own layout; the
         cut positions are padding for every one of its rows)."""

@@ -33,6 +33,17 @@ class SequenceBatch:
             prompt_len=self.prompt_len,
         )
 
+    def rows(self, lo: int, hi: int) -> SequenceBatch:
+        """Rows `lo:hi` on the same layout (same P and C: each row's numbers are unchanged)."""
+        return SequenceBatch(
+            input_ids=self.input_ids[lo:hi],
+            attention_mask=self.attention_mask[lo:hi],
+            position_ids=self.position_ids[lo:hi],
+            completion_ids=self.completion_ids[lo:hi],
+            completion_mask=self.completion_mask[lo:hi],
+            prompt_len=self.prompt_len,
+        )
+
 
 def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     width = max(len(s) for s in seqs)

@@ -14,6 +14,7 @@ from cascade.accel import resolve_learner
 from cascade.config import CascadeConfig
 from cascade.domains import make_domain
 from cascade.domains.base import Domain
+from cascade.engine.microbatch import MicroBatching
 from cascade.runner.local import InPlaceWeights, LocalRollouts, LocalTeachers
 from cascade.runner.loop import CascadeRunner
 from cascade.runner.run_state import RunDirError, RunResult
@@ -27,7 +28,7 @@ def embedded_sources(config: CascadeConfig) -> tuple[RunSources, dict[str, Domai
     accel = resolve_learner(config.learner, config.model.dtype)  # teachers live with the policy
     sources = RunSources(
         rollouts=LocalRollouts(domains),
-        teachers=LocalTeachers(accel.frozen_dtype, accel.device),
+        teachers=LocalTeachers(accel.frozen_dtype, accel.device, MicroBatching.of(config.learner)),
         weights=InPlaceWeights(),
     )
     return sources, domains

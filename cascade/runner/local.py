@@ -20,6 +20,7 @@ from cascade.distill.samples import DistillSamples, TeacherTokens
 from cascade.domains.base import Domain, Problem, RewardVerdict
 from cascade.engine.base import SamplingSettings, VersionedGeneration
 from cascade.engine.batch import SequenceBatch
+from cascade.engine.microbatch import MicroBatching
 from cascade.model.chat import token_encoder
 from cascade.model.loading import Policy
 from cascade.rollout.policy import PolicyGenerate
@@ -88,9 +89,13 @@ class LocalRollouts:
 
 
 class LocalTeachers:
-    def __init__(self, dtype: str, device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self, dtype: str, device: torch.device | str = "cpu", batching: MicroBatching | None = None
+    ) -> None:
         self.frozen = FrozenModelCache(dtype, device)
         self.paths: dict[str, Path] = {}
+        self.batching = batching
+        """The learner's micro-batches and vocabulary chunks: the teachers' forwards fit as its do."""
 
     def register(self, domain: str, path: Path) -> None:
         self.paths[domain] = path
@@ -98,7 +103,7 @@ class LocalTeachers:
     def tokens(
         self, teacher: str, samples: DistillSamples, sb: SequenceBatch, cfg: DistillConfig
     ) -> TeacherTokens:
-        return local_teacher_tokens(self.frozen.get(teacher, self.paths[teacher]), sb, cfg)
+        return local_teacher_tokens(self.frozen.get(teacher, self.paths[teacher]), sb, cfg, self.batching)
 
     def close(self) -> None:
         pass

@@ -293,3 +293,26 @@ def test_a_step_that_fits_one_pass_is_the_old_update_bit_for_bit(
     assert "micro_batches" not in b[0]
     for k in a[2]:
         assert torch.equal(a[2][k], b[2][k])
+
+
+@pytest.mark.parametrize("loss", ["sampled", "topk", "full"])
+def test_a_local_teachers_tokens_in_micro_batches_and_chunks_are_its_one_pass_tokens(
+    models: dict, loss: str
+) -> None:
+    teacher = models["teacher"]
+    plan = _plan(False)
+    sb = build_batch(plan.prompt_ids, plan.completion_ids, 0)
+    cfg = _stage(loss).distill
+    whole = local_teacher_tokens(teacher, sb, cfg)
+    cut = local_teacher_tokens(teacher, sb, cfg, MicroBatching(tokens=40, logits_chunk_bytes=4 * 384 * 5))
+    m = sb.completion_mask > 0
+    for name in ("logprobs", "logits", "topk_ids", "topk_logprobs", "logprobs_t1"):
+        a, b = getattr(whole, name), getattr(cut, name)
+        assert (a is None) == (b is None), name
+        if a is None:
+            continue
+        assert a.shape == b.shape, name
+        if name == "topk_ids":  # ties aside, the same ids at every counted position
+            assert float((a[m] == b[m]).float().mean()) > 0.99
+        else:
+            assert torch.allclose(a[m].float(), b[m].float(), atol=1e-5), name
