@@ -42,6 +42,19 @@ def _grad_snapshot(params: list[torch.nn.Parameter]) -> list[torch.Tensor]:
     ]
 
 
+def _grads(params: list[torch.nn.Parameter]) -> list[torch.Tensor]:
+    """The local gradients themselves (zeros where there is none), not copies."""
+    return [_local(p.grad) if p.grad is not None else torch.zeros_like(_local(p)) for p in params]
+
+
+def _norm_of_differences(
+    a: list[torch.Tensor], b: list[torch.Tensor], reduce: SumOverRanks | None = None
+) -> float:
+    """`_norm([x - y ...])`, each difference made and dropped in turn."""
+    squares = torch.stack([((x - y).float() ** 2).sum() for x, y in zip(a, b, strict=True)]).sum()
+    return float(torch.sqrt(squares if reduce is None else reduce(squares)))
+
+
 def _norm(tensors: list[torch.Tensor], reduce: SumOverRanks | None = None) -> float:
     squares = torch.stack([(t.float() ** 2).sum() for t in tensors]).sum()
     return float(torch.sqrt(squares if reduce is None else reduce(squares)))
@@ -82,8 +95,8 @@ def apply_update(
     if rl.loss is not None:
         rl.loss.backward()
         rl_value = float(total(rl.loss.detach()))
-    grads = TermGradients(model, reduce, rl_value)
     distill_losses = [w * term.loss for w, term in distill if term.loss is not None]
+    grads = TermGradients(model, reduce, rl_value, then_distill=bool(distill_losses) and lam > 0)
     distill_value = None
     if distill_losses and lam > 0:
         total_distill = torch.stack(distill_losses).sum()
@@ -104,15 +117,26 @@ class TermGradients:
     apart), `step` once the distillation terms' are. Both norms are measured (their ratio says
     which term dominates the update), then the whole gradient is clipped and the optimizer steps."""
 
-    def __init__(self, model: PreTrainedModel, reduce: SumOverRanks | None, rl_loss: float | None) -> None:
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        reduce: SumOverRanks | None,
+        rl_loss: float | None,
+        *,
+        then_distill: bool,
+    ) -> None:
+        """`then_distill`: whether distillation terms will be backpropagated (only then is the RL
+        term's gradient copied: one float32 copy of the model, per rank)."""
         self.model = model
         self.reduce = reduce
         self.rl_loss = rl_loss
         self.rl_norm = 0.0
         self.rl_grads: list[torch.Tensor] | None = None
         if rl_loss is not None:
-            self.rl_grads = _grad_snapshot(trained_parameters(model))
-            self.rl_norm = _norm(self.rl_grads, reduce)
+            params = trained_parameters(model)
+            grads = _grad_snapshot(params) if then_distill else _grads(params)
+            self.rl_norm = _norm(grads, reduce)
+            self.rl_grads = grads if then_distill else None
 
     def step(
         self,
@@ -130,10 +154,13 @@ class TermGradients:
         if self.rl_loss is not None:
             metrics["loss_rl"] = self.rl_loss
         if distill_loss is not None:
-            after = _grad_snapshot(trained_parameters(self.model))
-            rl_grads = self.rl_grads
-            d_grads = after if rl_grads is None else [a - b for a, b in zip(after, rl_grads, strict=True)]
-            d_norm = _norm(d_grads, reduce)
+            after = _grads(trained_parameters(self.model))
+            rl_grads, self.rl_grads = self.rl_grads, None
+            if rl_grads is None:
+                d_norm = _norm(after, reduce)
+            else:  # one parameter's difference at a time: no second copy of the model
+                d_norm = _norm_of_differences(after, rl_grads, reduce)
+                del rl_grads
             metrics["loss_distill"] = distill_loss
             metrics["grad_norm_distill"] = d_norm
             if self.rl_norm > 0:

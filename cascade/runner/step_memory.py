@@ -188,7 +188,7 @@ class StepEstimate:
     """One vocabulary chunk: its logits (float32 and, under autocast, bfloat16), log-softmax, and
     their gradients."""
     optimizer_step: int
-    """At the optimizer step: the gradient copies the norms take and AdamW's foreach temporary."""
+    """At the optimizer step: AdamW's foreach temporary."""
     sequences: int
     """RL rows of the step (this rank's)."""
     distill_sequences: int
@@ -321,9 +321,9 @@ def estimate_step(
         e, layer = shape.embedding_params(), shape.layer_params()
         weight_copies = b * (e + 2 * layer) + b * (e + layer)
     both = sequences > 0 and distill_sequences > 0
-    # the optimizer step: the RL gradient's copy, the distillation norm's copies (the gradient
-    # after it and the difference), AdamW's foreach temporary (sqrt of the second moment)
-    step_copies = (1 if sequences else 0) + (2 if both else 1 if distill_sequences else 0) + 1
+    # the optimizer step: the RL gradient's copy is dropped once the distillation norm is taken
+    # (one parameter's difference at a time); AdamW's foreach temporary (sqrt of the second moment)
+    step_copies = 1
     return StepEstimate(
         weights=per_rank,
         gradients=per_rank,

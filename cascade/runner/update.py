@@ -78,13 +78,19 @@ def training_mode(model: PreTrainedModel, batching: MicroBatching) -> Iterator[N
         yield
         return
     was_training = model.training
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    # transformers 5 names it activation checkpointing (the old names are deprecated)
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        disable = model.activation_checkpointing_disable
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        disable = model.gradient_checkpointing_disable
     model.train()
     try:
         yield
     finally:
         model.train(was_training)
-        model.gradient_checkpointing_disable()
+        disable()
 
 
 def run_update(
@@ -160,7 +166,7 @@ def _run_update(
     if rl is not None and rl.loss is not None:  # its forward ran in one pass: its backward now
         rl.loss.backward()
         rl_value = float((reduce or (lambda t: t))(rl.loss.detach()))
-    grads = TermGradients(model, reduce, rl_value)
+    grads = TermGradients(model, reduce, rl_value, then_distill=bool(fetched) and lam > 0)
     distill_value: float | None = None
     distill_metrics: dict[str, float] = {}
     for f in fetched:

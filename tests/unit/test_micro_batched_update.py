@@ -273,10 +273,11 @@ def test_vocabulary_chunks_give_the_plain_forwards_logprobs_and_gradients(random
         lp = completion_logprobs(model, sb, 0.8, chunk_bytes=chunk)
         (lp * torch.arange(lp.numel()).view_as(lp).float().sin()).sum().backward()
         values.append(lp.detach())
-        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+        grads.append([p.grad.clone() for p in model.parameters()])
     assert torch.allclose(values[0], values[1], atol=1e-5)
     assert float((values[0] - values[1]).abs()[sb.completion_mask == 0].max()) == 0.0
-    assert torch.allclose(grads[0], grads[1], atol=1e-6, rtol=1e-4)
+    for a, b in zip(grads[0], grads[1], strict=True):  # per tensor, as `_assert_same_update`
+        assert float((a - b).abs().max()) <= 1e-5 * float(a.abs().max())
 
 
 def test_a_step_that_fits_one_pass_is_the_old_update_bit_for_bit(

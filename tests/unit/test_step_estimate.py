@@ -56,8 +56,9 @@ def test_every_part_of_a_tiny_step_by_hand() -> None:
     assert est.completion_hidden == 2 * 6 * 4 * 8  # float32 hidden states, 12 completion positions
     # one chunk of 5 positions x 32 vocabulary x (4 float32 copies + the bfloat16 logits)
     assert est.logits_chunk == 5 * 32 * 18 == 2880
-    # the optimizer step: the RL gradient's copy and AdamW's foreach temporary, 2 x 5792
-    assert est.optimizer_step == 11584
+    # the optimizer step: AdamW's foreach temporary, one float32 copy (no RL gradient copy
+    # without a distillation term)
+    assert est.optimizer_step == 5792
     assert est.held == 5792 + 5792 + 11584 + 2896 + 1152 == 27216
     assert est.micro_batch == 2896 + 15680 + 384 + 2880 == 21840
     assert est.total == 27216 + 21840 == 49056
@@ -96,9 +97,9 @@ def test_distillation_ranks_and_teachers() -> None:
         prompt_tokens=2, completion_tokens=6, batching=MicroBatching(tokens=16), compute_dtype_bytes=2
     )
     both = estimate_step(TINY, sequences=4, distill_sequences=6, teacher_token_bytes=8, **base)  # type: ignore[arg-type]
-    # the RL gradient kept through distillation's passes; at the step, it, the norm's two copies
-    # and AdamW's temporary
-    assert both.gradient_snapshot == 5792 and both.optimizer_step == 4 * 5792
+    # the RL gradient kept through distillation's passes (dropped once the distillation norm is
+    # taken, a parameter's difference at a time); at the step, AdamW's temporary
+    assert both.gradient_snapshot == 5792 and both.optimizer_step == 5792
     assert both.teacher_data == 6 * 6 * 8 and both.step_data == 10 * 288
     assert both.micro_batches == 3  # the 6 distillation rows, 2 at a time
     sharded = estimate_step(TINY, sequences=4, ranks=4, checkpoint_dtype_bytes=2, **base)  # type: ignore[arg-type]
