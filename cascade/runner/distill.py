@@ -222,7 +222,8 @@ def distill_backward(
     deferred = scale > 0 and mode.defers_count(data.samples, dc)
     before = gradient_snapshot(model) if deferred else None
     sums = TermSums()
-    for span in data.spans(batching):
+    spans = data.spans(batching)
+    for span in spans:
         samples, sb, tokens = data.micro_batch(span, pad_id)
         sb, tokens = sb.to(device), tokens.to(device)
         with torch.set_grad_enabled(scale > 0), autocast():
@@ -245,6 +246,7 @@ def distill_backward(
         loss /= kept
         if before is not None:
             divide_term_gradient(model, before, kept)
+    total["micro_batches"] = float(len(spans))
     metrics = {f"distill_{data.samples.teacher}_{k}": v for k, v in total.items()}
     return loss, {**metrics, **data.metrics}
 
