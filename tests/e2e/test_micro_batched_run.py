@@ -11,7 +11,6 @@ stage's 4 steps moved by rounding only), to 1e-4 relative.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
