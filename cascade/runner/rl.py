@@ -13,6 +13,7 @@ from transformers import PreTrainedModel
 
 from cascade.algo import (
     GrpoLossInput,
+    GrpoLossOutput,
     GrpoNorms,
     group_advantages,
     grpo_loss,
@@ -23,7 +24,7 @@ from cascade.algo.masking import SumOverRanks
 from cascade.algo.turn_mask import TurnLayout, model_token_mask
 from cascade.config import GrpoConfig
 from cascade.engine.batch import SequenceBatch, build_batch
-from cascade.engine.logprobs import completion_logprobs, completion_logprobs_entropy
+from cascade.engine.logprobs import DEFAULT_CHUNK_BYTES, completion_logprobs, completion_logprobs_entropy
 from cascade.engine.microbatch import MicroBatching, Span, micro_batch_spans, padded_tokens
 from cascade.rollout.requests import RolloutBatch
 from cascade.runner.optimizer_step import LossTerm, placeholder_batch
@@ -186,6 +187,7 @@ def rl_loss(
     pad_id: int,
     ref_model: PreTrainedModel | None = None,
     reduce: SumOverRanks | None = None,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
 ) -> LossTerm:
     """GRPO loss over `plan`'s rows; None when the plan is empty (nothing to learn from).
 
@@ -203,16 +205,48 @@ def rl_loss(
             sb.completion_mask = model_token_mask(plan.layouts, sb.completion_mask).float()
         sb = sb.to(device)
         advantages, group_ids = torch.tensor(plan.advantages), torch.tensor(plan.group_ids)
-    logp, entropy = completion_logprobs_entropy(model, sb, plan.temperature)
-    width = sb.completion_ids.shape[1]
-    old = None
-    if plan.old_logprobs is not None:
-        rows = plan.old_logprobs if not plan.empty else [[0.0]]
-        old = _padded_logprobs(rows, width).to(device)
+    old_rows = None if plan.old_logprobs is None else (plan.old_logprobs if not plan.empty else [[0.0]])
+    out, entropy = _grpo_forward(
+        model,
+        sb,
+        advantages,
+        group_ids,
+        old_rows,
+        plan.temperature,
+        cfg,
+        ref_model,
+        chunk_bytes,
+        reduce=reduce,
+    )
+    metrics.update({f"grpo_{k}": v for k, v in out.metrics.items()})
+    total = reduce or (lambda t: t)
+    metrics["grpo_entropy"] = float(total(entropy.sum())) / max(out.metrics["n_tokens"], 1.0)
+    return LossTerm(out.loss, metrics)
+
+
+def _grpo_forward(
+    model: PreTrainedModel,
+    sb: SequenceBatch,
+    advantages: torch.Tensor,
+    group_ids: torch.Tensor,
+    old_rows: list[list[float]] | None,
+    temperature: float,
+    cfg: GrpoConfig,
+    ref_model: PreTrainedModel | None,
+    chunk_bytes: int,
+    *,
+    reduce: SumOverRanks | None = None,
+    norms: GrpoNorms | None = None,
+) -> tuple[GrpoLossOutput, torch.Tensor]:
+    """The GRPO loss of the rows of `sb` (on the model's device) and their entropy [B, C]: the
+    policy's forward, the behaviour log-probs laid out on its width, the reference's forward."""
+    device = model.device
+    logp, entropy = completion_logprobs_entropy(model, sb, temperature, chunk_bytes=chunk_bytes)
+    old = None if old_rows is None else _padded_logprobs(old_rows, sb.completion_ids.shape[1]).to(device)
     ref = None
     if cfg.kl_coef > 0 and ref_model is not None:
         with torch.no_grad():
-            ref = completion_logprobs(ref_model, sb, plan.temperature)
+            ref = completion_logprobs(ref_model, sb, temperature, chunk_bytes=chunk_bytes)
     out = grpo_loss(
         GrpoLossInput(
             logprobs=logp,
@@ -226,12 +260,10 @@ def rl_loss(
             clip_eps_high=cfg.clip_eps_high,
             kl_coef=cfg.kl_coef,
             reduce=reduce,
+            norms=norms,
         )
     )
-    metrics.update({f"grpo_{k}": v for k, v in out.metrics.items()})
-    total = reduce or (lambda t: t)
-    metrics["grpo_entropy"] = float(total(entropy.sum())) / max(out.metrics["n_tokens"], 1.0)
-    return LossTerm(out.loss, metrics)
+    return out, entropy
 
 
 def _rl_micro_batch(
@@ -287,34 +319,21 @@ def rl_backward(
         sb = sb.to(device)
         # a placeholder row counts nothing and is scaled by nothing
         rows = norms.rows(lo, hi) if hi > lo else GrpoNorms(torch.zeros(1), norms.n_units, norms.n_tokens)
+        old_rows = None
+        if plan.old_logprobs is not None:
+            old_rows = plan.old_logprobs[lo:hi] if hi > lo else [[0.0]]
         with autocast():
-            logp, entropy = completion_logprobs_entropy(
-                model, sb, plan.temperature, chunk_bytes=batching.logits_chunk_bytes
-            )
-            width = sb.completion_ids.shape[1]
-            old = None
-            if plan.old_logprobs is not None:
-                old = _padded_logprobs(plan.old_logprobs[lo:hi] if hi > lo else [[0.0]], width).to(device)
-            ref = None
-            if cfg.kl_coef > 0 and ref_model is not None:
-                with torch.no_grad():
-                    ref = completion_logprobs(
-                        ref_model, sb, plan.temperature, chunk_bytes=batching.logits_chunk_bytes
-                    )
-            out = grpo_loss(
-                GrpoLossInput(
-                    logprobs=logp,
-                    advantages=advantages.to(device),
-                    mask=sb.completion_mask,
-                    group_ids=group_ids.to(device),
-                    old_logprobs=old,
-                    ref_logprobs=ref,
-                    aggregation=cfg.loss_aggregation,
-                    clip_eps_low=cfg.clip_eps_low,
-                    clip_eps_high=cfg.clip_eps_high,
-                    kl_coef=cfg.kl_coef,
-                    norms=rows.to(device),
-                )
+            out, entropy = _grpo_forward(
+                model,
+                sb,
+                advantages,
+                group_ids,
+                old_rows,
+                plan.temperature,
+                cfg,
+                ref_model,
+                batching.logits_chunk_bytes,
+                norms=rows.to(device),
             )
         out.loss.backward()
         sums.add({"loss": float(out.loss.detach()), **out.metrics})

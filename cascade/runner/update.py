@@ -130,7 +130,15 @@ def _run_update(
     rl: LossTerm | None = None
     if req.rl.in_one_pass(req.batching):
         with accel.autocast():  # the loss's forward passes only (a no-op in float32)
-            rl = rl_loss(model, req.rl, g, pad_id=req.pad_id, ref_model=ref, reduce=reduce)
+            rl = rl_loss(
+                model,
+                req.rl,
+                g,
+                pad_id=req.pad_id,
+                ref_model=ref,
+                reduce=reduce,
+                chunk_bytes=req.batching.logits_chunk_bytes,
+            )
         rl_value, rl_metrics = None, rl.metrics
     else:
         rl_value, rl_metrics = rl_backward(
