@@ -112,7 +112,12 @@ class CascadeRunner:
         self.world = world or World()
         self.accel = self.world.place(resolve_learner(config.learner, config.model.dtype))
         """The device and precision policy (a device this host lacks fails here, before any write)."""
-        too_big = step_memory_problems(config, str(self.accel.device), ranks=self.world.size)
+        too_big = step_memory_problems(
+            config,
+            str(self.accel.device),
+            ranks=self.world.size,
+            local_teachers=getattr(sources.teachers, "in_learner", True),
+        )
         if too_big:  # a step that cannot fit: refused before anything is written
             raise RunDirError(too_big[0])
         self.trainer: PolicyTrainer = make_trainer(self.world, self.accel, config.model.dtype)

@@ -66,6 +66,10 @@ class RolloutSource(Protocol):
 
 
 class TeacherSource(Protocol):
+    in_learner: bool
+    """Whether the teachers' weights are held in the learner's memory (its step-memory check
+    counts them)."""
+
     def register(self, domain: str, path: Path) -> None:
         """`domain`'s best checkpoint is now `path` (also called on resume for every teacher)."""
 

@@ -249,6 +249,8 @@ class ServiceTeachers:
     """Teacher log-probs from the teacher service; every registration is remembered, so a
     restarted service that answers "unknown teacher" is given them all again."""
 
+    in_learner = False
+
     def __init__(
         self,
         address: str,
@@ -328,6 +330,8 @@ def _unknown_teacher(err: grpc.RpcError) -> bool:
 
 class NoTeachers:
     """A cascade that never distils (or `--no-distill`): asking for a teacher is a bug."""
+
+    in_learner = False
 
     def register(self, domain: str, path: Path) -> None:
         pass
