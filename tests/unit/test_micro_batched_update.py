@@ -139,7 +139,6 @@ def _update(
 ) -> tuple[dict[str, float], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     accel = resolve_learner(LearnerConfig(device="cpu"), "float32")
     model = load_policy(model_dir).model
-    before = {k: v.clone() for k, v in model.state_dict().items()}
     # plain SGD: the weights' change is the (clipped) gradient itself (AdamW's first step is
     # nearly sign(g), which would turn a last-bit difference of a ~1e-9 gradient into lr)
     optimizer = torch.optim.SGD(model.parameters(), lr=req.lr)
