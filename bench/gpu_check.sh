@@ -12,6 +12,14 @@
 # line saying so, on fewer than 2 GPUs. (Here, without GPUs, the same script runs on 2 CPU ranks:
 # `.venv/bin/python -m torch.distributed.run --standalone --nproc-per-node=2
 # bench/gpu_sharded_check.py --device cpu`, gloo, float32, every step within 1e-5.)
+# Last, the learner-memory check (bench/gpu_learner_memory.py): one update of a Qwen3-0.6B-shaped
+# model (random weights) at the recipe's settings, 128 prompts x 8 completions of up to 8K tokens,
+# bfloat16 autocast, activation checkpointing, micro_batch_tokens 65536; it prints the peak that
+# cascade.runner.step_memory.estimate_step expects BEFORE the update, then
+# torch.cuda.max_memory_allocated beside it (within 25%, or exit 6). LEARNER_MEMORY_ARGS (e.g.
+# "--mbt 32768") changes its settings, SKIP_LEARNER_MEMORY=1 skips it. Here:
+# `.venv/bin/python bench/gpu_learner_memory.py --device cpu --tiny` runs its plumbing on the CPU
+# in seconds.
 #
 #   bash bench/gpu_check.sh                   # tiny model shape (hidden 128, 4 layers)
 #   bash bench/gpu_check.sh --hidden 1024 --layers 16 --batch 256   # something a GPU notices
@@ -29,7 +37,8 @@
 # The pinned torch (2.13.0 CPU here) is deliberately not installed: the machine's own CUDA
 # torch is the one to measure. Exit codes: 0 ok, 1 log-prob mismatch, 2 no usable GPU Python,
 # 3 learner loss mismatch against the CPU (4 when the learner check cannot import cascade),
-# 5 sharded learner mismatch against one process (or the sharded check failing to run).
+# 5 sharded learner mismatch against one process (or the sharded check failing to run),
+# 6 learner memory more than 25% off its estimate (or out of memory).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -89,8 +98,17 @@ if (( gpus >= 2 )); then
 else
     echo "gpu_check: sharded learner check skipped: $gpus GPU(s) here, it needs 2 or more (one rank per GPU)" >&2
 fi
+memory=0
+if [[ -z "${SKIP_LEARNER_MEMORY:-}" ]]; then
+    echo "gpu_check: learner memory, Qwen3-0.6B shape, 128 x 8 at 8K tokens (estimate first, then the update)" >&2
+    # shellcheck disable=SC2086  # LEARNER_MEMORY_ARGS is a list of flags
+    "$PY" bench/gpu_learner_memory.py --device cuda ${LEARNER_MEMORY_ARGS:-} || memory=$?
+else
+    echo "gpu_check: learner memory check skipped (SKIP_LEARNER_MEMORY set)" >&2
+fi
 if (( status != 0 )); then exit "$status"; fi
 if (( learner == 1 )); then exit 3; fi
 if (( learner != 0 )); then exit "$learner"; fi
 if (( sharded != 0 )); then exit 5; fi
+if (( memory != 0 )); then exit 6; fi
 exit 0
