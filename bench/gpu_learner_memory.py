@@ -136,7 +136,7 @@ def main() -> int:
             lr=LR,
             pad_id=PAD_ID[args.shape],
             reference=None,
-            batching=batching,  # type: ignore[call-arg]
+            batching=batching,
         )
 
     warm = make_plan(

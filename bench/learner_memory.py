@@ -2,10 +2,13 @@
 bound (`learner.micro_batch_tokens`) and activation checkpointing, with the step-memory estimate
 beside every measurement and TRL's GRPOTrainer on the same batches.
 
-Usage: `.venv/bin/python bench/learner_memory.py [--quick] [--threads 1] [--only ID,ID]`; writes
-`bench/results/learner_memory.{json,md}` (`--quick`: a few minutes, small steps, its own files
-`learner_memory_quick.*` unless `--out` says otherwise). `--list` prints the configurations and
-their ids without running anything.
+Usage: `.venv/bin/python bench/learner_memory.py [--quick] [--allocator-neutral] [--threads 1]
+[--only ID,ID] [--merge]`; writes `bench/results/learner_memory.{json,md}` (`--quick`: small steps,
+about 10 minutes here, its own files `learner_memory_quick.*` unless `--out` says otherwise). The
+full set takes about 47 minutes on this machine's shared cores (load average ~3), 70 with
+`--allocator-neutral` (three runs again with `MALLOC_MMAP_THRESHOLD_`, see `MMAP_THRESHOLD`).
+`--list` prints the configurations and their ids; `--only` runs some, `--merge` keeps the JSON's
+other runs; `--render` recomputes the estimates and the tables from the JSON without running.
 
 The models: random Qwen3s built here with `transformers`' `Qwen3Config`/`Qwen3ForCausalLM` (no
 download), float32, tied embeddings as Qwen3-0.6B: `narrow` (hidden 256, 4 layers, intermediate
@@ -640,6 +643,7 @@ def config(
     ckpt: bool,
     side: str = "cascade",
     trl_batch: int | None = None,
+    mmap_threshold: int | None = None,
 ) -> dict[str, Any]:
     return {
         "id": cid,
@@ -651,6 +655,7 @@ def config(
         "mbt": mbt,
         "ckpt": ckpt,
         "trl_batch": trl_batch,
+        "mmap_threshold": mmap_threshold,
     }
 
 
@@ -659,6 +664,14 @@ def trl_micro_tokens(prompts: int, max_tokens: int, shape: str, trl_batch: int) 
     r = make_rollouts(prompts, GROUP, max_tokens, SHAPES[shape]["vocab"])
     return trl_batch * (max(map(len, r["prompt_ids"])) + max(map(len, r["completion_ids"])))
 
+
+MMAP_THRESHOLD = 65536
+"""`alloc-*` runs: glibc's `MALLOC_MMAP_THRESHOLD_` fixed at 64 KiB, so every allocation of 64 KiB
+or more is its own mapping, returned to the system when freed. By default glibc raises that
+threshold (up to 32 MiB) each time a mapped block is freed, after which such blocks come from the
+heap and stay in the RSS once freed: the default RSS holds the tensors plus what the allocator
+kept, which varies by a few hundred MB from run to run here. The fixed threshold's RSS is close
+to the live tensors."""
 
 PLANS: dict[str, dict[str, Any]] = {
     "full": {
@@ -672,6 +685,7 @@ PLANS: dict[str, dict[str, Any]] = {
         "old": [(1, 256), (1, 512), (2, 256)],  # (prompts, budget): the learner before, fits here
         "trl": [(1, 1024, 2)],  # (prompts, budget, per_device_train_batch_size)
         "big": (1, 1024, 4096),  # Qwen3-0.6B's shape: (prompts, budget, micro_batch_tokens)
+        "alloc": ["step-2x8-1024", "step-8x8-1024", "qwen3-0.6b-1x8-1024"],  # again, allocator-neutral
     },
     "quick": {
         "short": 256,
@@ -684,6 +698,7 @@ PLANS: dict[str, dict[str, Any]] = {
         "old": [(1, 64)],
         "trl": [(1, 256, 2)],
         "big": None,
+        "alloc": ["step-1x8-256", "step-2x8-256"],
     },
 }
 """What each mode runs. The full mode's steps are the largest whose update finishes in minutes
@@ -742,6 +757,9 @@ def configurations(quick: bool) -> list[dict[str, Any]]:
             )
         )
         out.append(config(f"trl-{n}x8-{tok}-cascade", "trl", prompts=n, max_tokens=tok, mbt=t, ckpt=True))
+    by_id = {c["id"]: c for c in out}
+    for cid in plan["alloc"]:
+        out.append({**by_id[cid], "id": f"alloc-{cid}", "group": "alloc", "mmap_threshold": MMAP_THRESHOLD})
     return out
 
 
@@ -774,6 +792,8 @@ def run_config(
         assert before_dir is not None
         path.insert(0, str(before_dir))
     env["PYTHONPATH"] = os.pathsep.join(path + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    if spec.get("mmap_threshold"):
+        env["MALLOC_MMAP_THRESHOLD_"] = str(spec["mmap_threshold"])
     argv = [sys.executable, __file__, "--worker", json.dumps(spec), "--threads", str(threads)]
     t0 = time.perf_counter()
     with log.open("w") as err:
@@ -841,6 +861,11 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch threads in every worker")
     ap.add_argument("--only", default="", help="comma-separated configuration ids (see --list)")
     ap.add_argument("--list", action="store_true", help="print the configurations and exit")
+    ap.add_argument(
+        "--allocator-neutral",
+        action="store_true",
+        help=f"also the alloc-* runs (MALLOC_MMAP_THRESHOLD_={MMAP_THRESHOLD}; ~25 min more in full)",
+    )
     ap.add_argument("--cap-gib", type=float, default=14.0, help="kill a worker whose RSS passes this")
     ap.add_argument("--before-ref", default=BEFORE_REF, help="git ref of the learner before micro-batching")
     ap.add_argument("--out", type=Path, default=None, help="JSON path (the .md is written beside it)")
@@ -861,6 +886,8 @@ def main() -> None:
         _send(fn(spec))
         return
     specs = configurations(args.quick)
+    if not (args.allocator_neutral or args.only):
+        specs = [s for s in specs if s["group"] != "alloc"]
     if args.only:
         wanted = set(args.only.split(","))
         unknown = wanted - {s["id"] for s in specs}
@@ -935,7 +962,7 @@ def main() -> None:
     report["claims"] = claims(report)
     out.write_text(json.dumps(report, indent=1))
     out.with_suffix(".md").write_text(markdown(report))
-    print(f"wrote {out} and {out.with_suffix('.md')} ({report['machine']['wall_s']:.0f} s)")
+    print(f"wrote {out} and {out.with_suffix('.md')} ({time.perf_counter() - t0:.0f} s)")
 
 
 def _estimate_of(spec: dict[str, Any]) -> dict[str, Any] | None:
@@ -1000,22 +1027,33 @@ def claims(report: dict[str, Any]) -> dict[str, Any]:
     step's), and the estimate against every measured peak (within 25%)."""
     runs = [r for r in report["runs"] if not r.get("error")]
     flat: dict[str, Any] = {}
-    for tokens in sorted({r["max_tokens"] for r in runs if r["group"] == "step"}):
+    keys = sorted({(r["group"], r["max_tokens"]) for r in runs if r["group"] in ("step", "alloc")})
+    for group, tokens in keys:
         rs = sorted(
-            (r for r in runs if r["group"] == "step" and r["max_tokens"] == tokens),
+            (
+                r
+                for r in runs
+                if r["group"] == group
+                and r["max_tokens"] == tokens
+                and r["mbt"] is not None
+                and r["shape"] == "narrow"
+            ),
             key=lambda r: r["prompts"],
         )
         if len(rs) < 2:
             continue
         first = rs[0]
-        flat[str(tokens)] = {
+        upd = [r["update_peak_mb"] / first["update_peak_mb"] for r in rs]
+        lrn = [r["peak_mb"] / first["peak_mb"] for r in rs]
+        flat[f"{tokens}" if group == "step" else f"{tokens}-allocator-neutral"] = {
             "steps": [f"{r['prompts']}x{GROUP}" for r in rs],
             "update_peak_mb": [r["update_peak_mb"] for r in rs],
             "learner_peak_mb": [r["peak_mb"] for r in rs],
-            "max_over_smallest_update": max(r["update_peak_mb"] for r in rs) / first["update_peak_mb"],
-            "max_over_smallest_learner": max(r["peak_mb"] for r in rs) / first["peak_mb"],
+            "update_over_smallest_step": upd,
+            "learner_over_smallest_step": lrn,
+            "flat_within_15pct": all(abs(x - 1) <= 0.15 for x in lrn),
+            "update_flat_within_15pct": all(abs(x - 1) <= 0.15 for x in upd),
         }
-        flat[str(tokens)]["flat_within_15pct"] = flat[str(tokens)]["max_over_smallest_learner"] <= 1.15
     estimates = {r["id"]: _est_ratio(r) for r in runs if _est_ratio(r) is not None}
     return {
         "flat_in_the_step": flat,
@@ -1099,9 +1137,12 @@ def markdown(report: dict[str, Any]) -> str:
         f = c["flat_in_the_step"].get(str(tokens))
         if f:
             lines += [
-                f"Largest over smallest step's peak: learner {f['max_over_smallest_learner']:.2f}, "
-                f"update {f['max_over_smallest_update']:.2f} "
-                f"(flat within 15%: {'yes' if f['flat_within_15pct'] else 'NO'}).",
+                "Each step's peak over the smallest step's: learner "
+                + " / ".join(f"{x:.2f}" for x in f["learner_over_smallest_step"])
+                + ", update "
+                + " / ".join(f"{x:.2f}" for x in f["update_over_smallest_step"])
+                + f" (learner within 15%: {'yes' if f['flat_within_15pct'] else 'NO'}; update: "
+                + f"{'yes' if f['update_flat_within_15pct'] else 'NO'}).",
                 "",
             ]
     sweep = [
@@ -1149,6 +1190,41 @@ def markdown(report: dict[str, Any]) -> str:
             "",
             *_table(trl),
         ]
+    alloc = [r for r in runs if r["group"] == "alloc"]
+    if alloc:
+        by_id = {r["id"]: r for r in runs}
+        lines += [
+            "## The allocator's share",
+            "",
+            f"The same runs again with glibc's `MALLOC_MMAP_THRESHOLD_={MMAP_THRESHOLD}` (every block of 64 "
+            "KiB or more mapped on its own and returned when freed; by default glibc raises the threshold "
+            "after freeing a mapped block and keeps later ones in its heap): that RSS is close to the live "
+            "tensors, the default one adds what the allocator kept.",
+            "",
+            "| run | update MB, default | update MB, allocator-neutral | learner MB, default | learner MB, "
+            "allocator-neutral | estimate / allocator-neutral |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
+        for r in alloc:
+            base = by_id.get(r["id"].removeprefix("alloc-"), {})
+            if r.get("error") or not base or base.get("error"):
+                continue
+            ratio = _est_ratio(r)
+            lines.append(
+                f"| {base['id']} | {base['update_peak_mb']:,.0f} | {r['update_peak_mb']:,.0f} | "
+                f"{base['peak_mb']:,.0f} | {r['peak_mb']:,.0f} | {'-' if ratio is None else f'{ratio:.2f}'} |"
+            )
+        f = c["flat_in_the_step"].get(f"{plan['short']}-allocator-neutral")
+        if f:
+            lines += [
+                "",
+                "Allocator-neutral, each step's peak over the smallest step's: learner "
+                + " / ".join(f"{x:.2f}" for x in f["learner_over_smallest_step"])
+                + ", update "
+                + " / ".join(f"{x:.2f}" for x in f["update_over_smallest_step"])
+                + ".",
+            ]
+        lines.append("")
     big = [r for r in runs if r["group"] == "0.6b"]
     if big:
         lines += ["## The real Qwen3-0.6B shape", "", *_table(big)]
