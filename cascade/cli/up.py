@@ -31,11 +31,17 @@ def cmd_up(args: argparse.Namespace) -> int:
     from cascade.up.stack import LocalStack
 
     run_dir = Path(args.run_dir) if args.run_dir else cfg.output_dir / f"{cfg.name}-distributed"
+    from cascade.up.orphans import orphan_refusal, record_paths
     from cascade.up.preflight import refusal
     from cascade.up.supervisor import RestartBound
 
-    why = refusal(run_dir, db_url=args.db, cascade_id=args.cascade_id, resume=args.resume, fresh=args.fresh)
-    if why is not None:  # before anything is asked, written or started
+    log_dir = Path(args.log_dir or f"{run_dir}-logs")
+    # what an earlier `cascade up` of this run left running (an orphan learner trains on): named,
+    # with the command that stops it, before anything is asked, written or started
+    why = orphan_refusal(record_paths(run_dir, log_dir)) or refusal(
+        run_dir, db_url=args.db, cascade_id=args.cascade_id, resume=args.resume, fresh=args.fresh
+    )
+    if why is not None:
         return fail(f"{why}; nothing was started")
     try:
         bound = RestartBound(max_restarts=args.max_restarts, window_s=args.restart_window_s)
@@ -63,7 +69,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         config=Path(args.config).resolve(),
         model=cfg.model.path.resolve(),
         run_dir=run_dir.resolve(),
-        log_dir=Path(args.log_dir or f"{run_dir}-logs").resolve(),
+        log_dir=log_dir.resolve(),
         redis_url=args.redis_url,
         db=args.db,
         stream_prefix=args.stream_prefix or f"cascade:{cfg.name}:{uuid.uuid4().hex[:8]}",

@@ -9,6 +9,12 @@ database restart or failover is ridden out within `resilience.database_s`, then 
 So each method is one transaction that may be repeated after a failure whose commit in fact
 took effect: each is idempotent (a step, eval or checkpoint row is inserted only if absent, a
 transition to the current state is a no-op, the lease is taken by this runner's token).
+
+Every write is fenced (`cascade.store.leases.fence`): it commits only while this runner's lease
+epoch still holds, in the same transaction, so a runner that was frozen or cut off past its
+lease and taken over has its late writes refused (`LeaseLost`) and stops; the new holder never
+meets them. A file that must appear with a row (a step's sample ids, a checkpoint's rename)
+is written by the row's transaction after the fence and before the commit.
 """
 
 from __future__ import annotations
@@ -29,14 +35,14 @@ from cascade.config.diff import training_diff
 from cascade.eval.results import DomainEval
 from cascade.resilience import Dependency
 from cascade.store import db, leases, repo
-from cascade.store.leases import Holder, LeaseHeld
+from cascade.store.leases import Fence, Holder, LeaseHeld, LeaseLost
 from cascade.store.lifecycle import get_row
-from cascade.store.models import Cascade, Run, RunLease, Stage, utcnow
+from cascade.store.models import Cascade, Run, RunLease, Stage
 from cascade.store.transient import database_dependency
 
 ACTOR = "runner"
 
-__all__ = ["CascadeHasHistory", "CascadeMismatch", "LeaseHeld", "RunStore", "stored_config"]
+__all__ = ["CascadeHasHistory", "CascadeMismatch", "LeaseHeld", "LeaseLost", "RunStore", "stored_config"]
 
 
 class CascadeMismatch(ValueError):
@@ -114,13 +120,15 @@ def _retried(method: Callable[Concatenate[RunStore, P], R]) -> Callable[Concaten
     return call
 
 
-def _begun_by(s: Session, holder: Holder) -> dict[str, Any] | None:
-    """The ids of the run `holder` already began (its lease row names the run), if any."""
+def _begun_by(s: Session, holder: Holder) -> tuple[dict[str, Any], int] | None:
+    """The ids of the run `holder` already began (its lease row names the run) and the lease's
+    epoch, if any."""
     lease = s.scalars(select(RunLease).where(RunLease.token == holder.token)).one_or_none()
     if lease is None or lease.run_id is None:
         return None
     stages = repo.list_stages(s, cascade_id=lease.cascade_id)
-    return {"cascade_id": lease.cascade_id, "run_id": lease.run_id, "stage_ids": [st.id for st in stages]}
+    ids = {"cascade_id": lease.cascade_id, "run_id": lease.run_id, "stage_ids": [st.id for st in stages]}
+    return ids, lease.epoch
 
 
 class RunStore:
@@ -129,6 +137,7 @@ class RunStore:
     ) -> None:
         """`give_up_after_s`: how long one database outage is ridden out (`resilience.database_s`)."""
         self.engine = db.make_engine(url)
+        self.log = log
         db.prepare_schema(self.engine)
         self.database = database_dependency(give_up_after_s, log)
         self.watched: list[Dependency] = [self.database]
@@ -138,6 +147,10 @@ class RunStore:
         self.cascade_id: int | None = None
         self.run_id: int | None = None
         self.stage_ids: list[int] = []
+        self.fence: Fence | None = None
+        """The lease this runner's writes are checked against (None: it writes nothing)."""
+        self.expiry_s = 30.0
+        self._skew_warned = False
 
     # ------------------------------------------------------------------ identity
 
@@ -174,7 +187,7 @@ class RunStore:
         with db.session_scope(self.engine) as s:
             _existing_cascade(s, cascade_id, cfg)
             lease = leases.lease_of(s, cascade_id)
-            now = utcnow()
+            now = leases.db_now(s)
             if lease is not None and not leases.holder_is_dead(lease, now):
                 raise LeaseHeld(lease, now)
 
@@ -189,12 +202,15 @@ class RunStore:
         holder: Holder,
         rejoin: bool,
     ) -> dict[str, Any]:
-        expiry = cfg.lease.expiry_s
+        expiry = self.expiry_s = cfg.lease.expiry_s
         with db.session_scope(self.engine) as s:
+            self._check_clock(s)
             done = _begun_by(s, holder)
             if done is not None:  # this begin committed already; its reply was lost
-                self.attach(done)
-                return done
+                ids, epoch = done
+                self.attach(ids)
+                self.fence = Fence(int(ids["cascade_id"]), holder.token, epoch)
+                return ids
             if cascade_id is None:
                 cascade = repo.create_cascade(s, name=cfg.name, config=cfg.model_dump(mode="json"))
                 stages = repo.create_stages(
@@ -219,9 +235,11 @@ class RunStore:
                 actor=ACTOR,
             )
             repo.set_cascade_status(s, cascade_id=cascade.id, status="running", actor=ACTOR)
-            leases.acquire(s, cascade_id=cascade.id, run_id=run.id, holder=holder, expiry_s=expiry)
+            lease = leases.acquire(s, cascade_id=cascade.id, run_id=run.id, holder=holder, expiry_s=expiry)
             ids = {"cascade_id": cascade.id, "run_id": run.id, "stage_ids": [st.id for st in stages]}
+            fence = Fence(cascade.id, holder.token, lease.epoch)
         self.attach(ids)
+        self.fence = fence
         return ids
 
     @_retried
@@ -232,13 +250,34 @@ class RunStore:
         if holder is None:  # a finished run, only to write its report again
             return
         cascade_id, run_id = self._ids()
+        self.expiry_s = expiry_s
         with db.session_scope(self.engine) as s:
+            self._check_clock(s)
             run = get_row(s, Run, run_id)
             if run.status != "running":
                 raise CascadeMismatch(
                     f"run {run_id} is {run.status}: there is nothing to resume (start with --fresh)"
                 )
-            leases.acquire(s, cascade_id=cascade_id, run_id=run_id, holder=holder, expiry_s=expiry_s)
+            lease = leases.acquire(s, cascade_id=cascade_id, run_id=run_id, holder=holder, expiry_s=expiry_s)
+            fence = Fence(cascade_id, holder.token, lease.epoch)
+        self.fence = fence
+
+    def _check_clock(self, s: Session) -> None:
+        """Say once when this host's clock is off the database's by more than a few seconds (lease
+        decisions use the database's clock; the event and metric times this host writes do not)."""
+        skew = leases.clock_skew_s(s)
+        if abs(skew) > leases.SKEW_WARN_S and not self._skew_warned:
+            self.log(
+                f"warning: this host's clock is {abs(skew):.1f}s {'ahead of' if skew > 0 else 'behind'} "
+                "the database's; leases use the database's clock, but times this host writes are off "
+                "by as much (synchronise it with NTP)"
+            )
+        self._skew_warned = abs(skew) > leases.SKEW_WARN_S
+
+    def _fenced(self, s: Session) -> None:
+        """Refuse this transaction's writes once this runner's lease was taken over."""
+        if self.fence is not None:
+            leases.fence(s, self.fence, expiry_s=self.expiry_s)
 
     # not `_retried`: the heartbeat thread retries at its next beat, and a release during an
     # outage would hold up the exit (an unreleased lease expires by itself)
@@ -250,6 +289,7 @@ class RunStore:
         down = [d for d in self.watched if d.degraded and d is not self.database]
         new = [d for d in down if d.name not in self._degraded_shown]
         with db.session_scope(self.engine) as s:
+            self._check_clock(s)
             held = leases.renew(s, cascade_id=cascade_id, token=token, expiry_s=expiry_s)
             for dep in new if held else ():
                 detail = {"run_id": run_id, "dependency": dep.name, "cause": dep.cause}
@@ -277,6 +317,7 @@ class RunStore:
     @_retried
     def stage_started(self, index: int) -> None:
         with db.session_scope(self.engine) as s:
+            self._fenced(s)
             stage = s.get(Stage, self.stage_ids[index])
             assert stage is not None
             if stage.state in ("pending", "paused"):
@@ -319,6 +360,7 @@ class RunStore:
         """Apply an operator's pause or abort at this step boundary."""
         cascade_id, run_id = self._ids()
         with db.session_scope(self.engine) as s:
+            self._fenced(s)
             repo.transition_stage(s, stage_id=self.stage_ids[index], to_state=state, actor=ACTOR)
             if state == "aborted":
                 repo.finish_run(s, run_id=run_id, status="aborted", actor=ACTOR)
@@ -327,6 +369,7 @@ class RunStore:
     @_retried
     def stage_completed(self, index: int, *, stopped_by: str, steps: int) -> None:
         with db.session_scope(self.engine) as s:
+            self._fenced(s)
             repo.transition_stage(
                 s,
                 stage_id=self.stage_ids[index],
@@ -341,6 +384,7 @@ class RunStore:
         failed, with the reason in the event log."""
         cascade_id, run_id = self._ids()
         with db.session_scope(self.engine) as s:
+            self._fenced(s)
             repo.transition_stage(
                 s, stage_id=self.stage_ids[index], to_state="failed", actor=ACTOR, detail={"reason": reason}
             )
@@ -351,6 +395,7 @@ class RunStore:
     def finish(self, status: str) -> None:
         cascade_id, run_id = self._ids()
         with db.session_scope(self.engine) as s:
+            self._fenced(s)
             repo.finish_run(s, run_id=run_id, status=status, actor=ACTOR)
             repo.set_cascade_status(s, cascade_id=cascade_id, status=status, actor=ACTOR)
 
@@ -360,15 +405,27 @@ class RunStore:
     def truncate_after(self, global_step: int) -> None:
         _, run_id = self._ids()
         with db.session_scope(self.engine) as s:
+            self._fenced(s)
             repo.discard_after(s, run_id=run_id, global_step=global_step)
 
     @_retried
-    def record_step(self, index: int, step: int, global_step: int, metrics: dict[str, Any]) -> None:
+    def record_step(
+        self,
+        index: int,
+        step: int,
+        global_step: int,
+        metrics: dict[str, Any],
+        *,
+        then: Callable[[], None] | None = None,
+    ) -> None:
         """The step's row, and an `outage` event for each watched dependency's outages that ended
-        since the last step (one transaction: a step written twice logs them once)."""
+        since the last step (one transaction: a step written twice logs them once). `then` (the
+        step's line in the run's samples log; idempotent: a retried transaction calls it again)
+        runs inside the fenced transaction, after the row, before the commit."""
         cascade_id, run_id = self._ids()
         ended = self._ended_outages()
         with db.session_scope(self.engine) as s:
+            self._fenced(s)
             _, new = repo.record_step(
                 s,
                 run_id=run_id,
@@ -393,6 +450,8 @@ class RunStore:
                         "global_step": global_step,
                     },
                 )
+            if then is not None:
+                then()
         for name, (count, down_s, _) in ended.items():
             logged, logged_s = self._outages_logged.get(name, (0, 0.0))
             self._outages_logged[name] = (logged + count, logged_s + down_s)
@@ -411,6 +470,7 @@ class RunStore:
     def record_eval(self, index: int, step: int, global_step: int, result: DomainEval) -> None:
         _, run_id = self._ids()
         with db.session_scope(self.engine) as s:
+            self._fenced(s)
             repo.record_eval(
                 s,
                 run_id=run_id,
@@ -425,10 +485,21 @@ class RunStore:
             )
 
     @_retried
-    def record_checkpoint(self, index: int, step: int, global_step: int, path: Path) -> None:
+    def record_checkpoint(
+        self,
+        index: int,
+        step: int,
+        global_step: int,
+        path: Path,
+        *,
+        publish: Callable[[], None] | None = None,
+    ) -> None:
+        """The checkpoint's row; `publish` (renaming the checkpoint, written under a staging name,
+        into place) runs inside the fenced transaction, so a stale runner never puts one in place."""
         _, run_id = self._ids()
         index = min(index, len(self.stage_ids) - 1)
         with db.session_scope(self.engine) as s:
+            self._fenced(s)
             repo.record_checkpoint(
                 s,
                 run_id=run_id,
@@ -438,13 +509,25 @@ class RunStore:
                 path=str(path),
                 kind="resume",
             )
+            if publish is not None:
+                publish()
 
     @_retried
     def record_teacher(
-        self, index: int, step: int, global_step: int, *, domain: str, score: float, path: Path
+        self,
+        index: int,
+        step: int,
+        global_step: int,
+        *,
+        domain: str,
+        score: float,
+        path: Path,
+        publish: Callable[[], None] | None = None,
     ) -> None:
+        """The domain's new best checkpoint; `publish` as in `record_checkpoint`."""
         _, run_id = self._ids()
         with db.session_scope(self.engine) as s:
+            self._fenced(s)
             row = repo.record_checkpoint(
                 s,
                 run_id=run_id,
@@ -457,6 +540,8 @@ class RunStore:
                 score=score,
             )
             repo.mark_teacher(s, run_id=run_id, domain=domain, checkpoint_id=row.id, actor=ACTOR)
+            if publish is not None:
+                publish()
 
     # ------------------------------------------------------------------ report
 

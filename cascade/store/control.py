@@ -144,7 +144,7 @@ def abort_cascade(session: Session, *, cascade_id: int, actor: str) -> tuple[Cas
         raise IllegalTransition(cascade.status, "aborted")
     changed = False
     still_running = False
-    attached = leases.is_live(leases.lease_of(session, cascade_id))
+    attached = leases.is_live(leases.lease_of(session, cascade_id), leases.db_now(session))
     for stage in list_stages(session, cascade_id=cascade_id):
         stage = _locked(session, stage.id)
         if stage.state in ("pending", "paused") or (stage.state == "running" and not attached):

@@ -17,6 +17,7 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     CheckConstraint,
     DateTime,
@@ -100,6 +101,8 @@ class Cascade(Base):
     """sha256 of the config's training settings (`cascade.config.diff.training_hash`)."""
     status: Mapped[str] = mapped_column(String(16), default="pending")
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    lease_epoch: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    """How many times a runner took this cascade's lease (`cascade.store.leases`); never reset."""
 
     stages: Mapped[list[Stage]] = relationship(
         back_populates="cascade", order_by="Stage.index", passive_deletes=True
@@ -170,6 +173,11 @@ class RunLease(Base):
     """The holder's secret: only it renews or releases the lease."""
     host: Mapped[str] = mapped_column(String(255))
     pid: Mapped[int] = mapped_column(Integer)
+    pid_start: Mapped[int | None] = mapped_column(BigInteger, default=None)
+    """When the holder's process started (clock ticks since boot), so a reused pid is not it."""
+    epoch: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    """The takeover count of the cascade's lease when this holder took it: its writes are
+    fenced with it (`cascade.store.leases.fence`)."""
     acquired_at: Mapped[datetime] = mapped_column(UTCDateTime)
     heartbeat_at: Mapped[datetime] = mapped_column(UTCDateTime)
     expires_at: Mapped[datetime] = mapped_column(UTCDateTime)

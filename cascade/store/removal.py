@@ -51,7 +51,7 @@ def delete_cascade(session: Session, *, cascade_id: int) -> dict[str, int]:
             "boundary (a stalled one: abort the cascade, then delete)",
         )
     lease = leases.lease_of(session, cascade_id)
-    if leases.is_live(lease):
+    if leases.is_live(lease, leases.db_now(session)):
         assert lease is not None
         raise DeleteRefused(
             cascade.status,

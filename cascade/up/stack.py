@@ -9,6 +9,13 @@ lingers), the learner first. With `supervise`, a process other than the learner 
 reported and started again (`cascade.up.supervisor`). Logs are appended to, never truncated:
 each start of a process writes a marker line first, and `Proc.log()` is what this start wrote.
 
+Each process gets SIGTERM when the process that started it dies, even SIGKILLed
+(`cascade.up.deathsig`), and each start is written down in the log directory
+(`cascade.up.orphans`: what outlives a `cascade up` keeps the next one from starting). No
+password goes on a command line (`ps` shows those to every user): the Redis and database URLs
+reach the processes in their environment (`CASCADE_LEARNER_DB_URL`, `CASCADE_LEARNER_REDIS_URL`,
+`CASCADE_WORKER_REDIS_URL`, `CASCADE_REWARD_BROKER_URL`), which only the same user can read.
+
 The services are started by module name (`python -m services...`): `cascade` imports none of them.
 """
 
@@ -30,9 +37,15 @@ from typing import Any, Literal
 from cascade.config import VllmEngineConfig
 from cascade.engine import vllm_env
 from cascade.transport.health import wait_until_serving
+from cascade.up import deathsig
+from cascade.up.orphans import StackRecord
 from cascade.up.supervisor import RestartBound, Supervised, Supervisor
 
 REPO = Path(__file__).resolve().parents[2]
+
+CREDENTIAL_ENV = ("CASCADE_LEARNER_DB_URL", "CASCADE_LEARNER_REDIS_URL", "CASCADE_WORKER_REDIS_URL")
+"""Where the learner and the rollout workers read the URLs that may hold a password (instead
+of `--db` / `--redis-url`): set by the stack for its processes only, never inherited."""
 
 
 def free_port() -> int:
@@ -80,8 +93,9 @@ class Proc:
             log.write(f"=== cascade up {when}: starting {self.name}{again} ===\n".encode())
             log.flush()
             self.start_offset = log.tell()
+            argv = ["nice", "-n", str(nice), *self.argv] if nice else self.argv
             self.popen = subprocess.Popen(
-                ["nice", "-n", str(nice), *self.argv] if nice else self.argv,
+                deathsig.wrap(argv),  # SIGTERM when this process dies
                 cwd=REPO,
                 env={**env, **self.env_extra},
                 stdout=log,
@@ -219,9 +233,14 @@ class LocalStack:
     procs: dict[str, Proc] = field(default_factory=dict)
     supervisor: Supervisor | None = None
     _record_seen: int = 0
+    _record: StackRecord | None = None
 
     def _env(self, **extra: str) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("CASCADE_REWARD_")}
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith("CASCADE_REWARD_") and k not in CREDENTIAL_ENV
+        }
         env.update(
             PYTHONUNBUFFERED="1",
             OMP_NUM_THREADS="1",
@@ -262,41 +281,43 @@ class LocalStack:
         if self.engine == "vllm":  # before any process starts: the fix named, not a dead service's log
             vllm_env.check_python(self.vllm_python)
         rollouts = [self.rollout_service(i) for i in range(self.rollout_replicas)]
-        reward_flags = ("--broker-url", self.broker_url or self.redis_url, *self.reward_flags)
-        reward = self._service("reward", "services.reward.main", *reward_flags)
+        # the broker: CASCADE_REWARD_BROKER_URL (`_env`), not `--broker-url` (it may hold a password)
+        reward = self._service("reward", "services.reward.main", *self.reward_flags)
         teacher = self._service("teacher", "services.teacher.main", "--torch-threads", "1")
         for proc in (*rollouts, reward, teacher):
-            proc.start(self._env(), self.nice)
+            self._start(proc)
         for i in range(self.celery_workers):
             argv = [self.python, "-m", "celery", "-A", "services.reward.tasks", "worker", "-l", "INFO"]
             argv += ["--concurrency", "1", "--hostname", f"up{i}-{os.getpid()}@%h"]
             argv += ["--without-gossip", "--without-mingle", "--without-heartbeat"]
             proc = Proc(f"celery-{i}", argv, self.log_dir / f"celery-{i}.log")
             self.procs[proc.name] = proc
-            proc.start(self._env(), self.nice)
+            self._start(proc)
         for proc in (*rollouts, reward, teacher):
             wait_serving(proc, max(timeout_s, proc.start_timeout_s or 0.0))
 
     def worker(self, i: int) -> Proc:
         name = f"worker-{i}"
-        argv = [self.python, "-m", "services.rollout.worker", "--redis-url", self.redis_url]
+        argv = [self.python, "-m", "services.rollout.worker"]  # --redis-url: in its environment
         argv += ["--stream-prefix", self.stream_prefix, "--rollout", self.rollout_addresses()]
         argv += ["--reward", self.procs["reward"].address, "--tokenizer", str(self.model)]
         argv += ["--name", name, "--claim-idle-ms", str(self.claim_idle_ms), *self.worker_flags.get(i, [])]
         proc = Proc(name, argv, self.log_dir / f"{name}.log")
+        proc.env_extra = {"CASCADE_WORKER_REDIS_URL": self.redis_url}
         self.procs[name] = proc
-        proc.start(self._env(), self.nice)
+        self._start(proc)
         return proc
 
     def start_learner(self) -> Proc:
-        argv = [str(self.config), "--run-dir", str(self.run_dir)]
-        argv += ["--redis-url", self.redis_url, "--stream-prefix", self.stream_prefix]
+        # --redis-url and --db: in its environment (a password is not for `ps` to show)
+        secrets = {"CASCADE_LEARNER_REDIS_URL": self.redis_url}
+        if self.db:
+            secrets["CASCADE_LEARNER_DB_URL"] = self.db
+        argv = [str(self.config), "--run-dir", str(self.run_dir), "--stream-prefix", self.stream_prefix]
         argv += ["--rollout", self.rollout_addresses(), "--teacher", self.procs["teacher"].address]
         argv += ["--reward", self.procs["reward"].address]
         metrics = free_port()
         argv += ["--host", "127.0.0.1", "--metrics-port", str(metrics)]
-        if self.db:
-            argv += ["--db", self.db]
         if self.cascade_id is not None:
             argv += ["--cascade-id", str(self.cascade_id)]
         if self.fresh:
@@ -315,9 +336,9 @@ class LocalStack:
             argv = torchrun_argv(self.learner_ranks, "services.learner.main", argv, python=self.python)
         else:
             argv = [self.python, "-m", "services.learner.main", *argv]
-        proc = Proc("learner", argv, self.log_dir / "learner.log", metrics_port=metrics)
+        proc = Proc("learner", argv, self.log_dir / "learner.log", metrics_port=metrics, env_extra=secrets)
         self.procs["learner"] = proc
-        proc.start(self._env(), self.nice)
+        self._start(proc)
         return proc
 
     def start(self) -> None:
@@ -373,7 +394,15 @@ class LocalStack:
     def _restart(self, proc: Supervised) -> None:
         assert isinstance(proc, Proc)
         proc.signal_group(signal.SIGKILL)  # what the dead leader left of its group (pool children)
+        self._start(proc)
+
+    def _start(self, proc: Proc) -> None:
+        """Start (or start again) `proc` and write its pid down (`cascade.up.orphans`). From the
+        main thread only: the parent-death signal fires when the forking thread ends."""
         proc.start(self._env(), self.nice)
+        if self._record is None:
+            self._record = StackRecord(self.log_dir, self.run_dir)
+        self._record.started(proc.name, proc.pid)
 
     def launch(self) -> dict[str, Any]:
         """`cascade up`'s flags that start this stack again (`run.json`'s `launch`)."""
@@ -413,6 +442,8 @@ class LocalStack:
         for name in order:
             if name in self.procs:
                 self.procs[name].stop()
+        if self._record is not None:
+            self._record.stopped()  # every group was killed and every leader waited for
 
     def stop_run(self) -> None:
         """Stop the learner and the workers only (the services stay up for another run)."""

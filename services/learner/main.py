@@ -10,6 +10,7 @@ log-probs from the teacher service, and stage state, metrics, evals and checkpoi
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -18,6 +19,7 @@ from typing import Any
 
 from cascade.cli.flags import add_cascade_id_flag, add_start_flags, device_arg, track_arg
 
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 EXIT_DEPENDENCY_DOWN = 75
 """EX_TEMPFAIL: a dependency (database, Redis, teacher, rollout) stayed unreachable past its
 `resilience.*_s` bound; the run is resumable once it is back."""
@@ -29,8 +31,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--run-dir", type=Path, help="checkpoints, weights, teachers (default: <output_dir>/<name>)"
     )
-    p.add_argument("--db", help="SQLAlchemy URL for stage state and metrics (default: SQLite in the run dir)")
-    p.add_argument("--redis-url", default="redis://127.0.0.1:6379/0", help="default: %(default)s")
+    # a URL with a password may come from the environment: a command line is shown by `ps` to all
+    p.add_argument(
+        "--db",
+        default=os.environ.get("CASCADE_LEARNER_DB_URL") or None,
+        help="SQLAlchemy URL for stage state and metrics (env CASCADE_LEARNER_DB_URL; default: SQLite "
+        "in the run dir)",
+    )
+    p.add_argument(
+        "--redis-url",
+        default=os.environ.get("CASCADE_LEARNER_REDIS_URL") or DEFAULT_REDIS_URL,
+        help=f"env CASCADE_LEARNER_REDIS_URL; default: {DEFAULT_REDIS_URL}",
+    )
     p.add_argument(
         "--stream-prefix", help="Redis key prefix shared with the rollout workers (default: cascade:<name>)"
     )

@@ -24,7 +24,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--broker-url",
         default=env.get("CASCADE_REWARD_BROKER_URL", "redis://127.0.0.1:6379/0"),
-        help="Celery broker (env CASCADE_REWARD_BROKER_URL; default: %(default)s)",
+        help="Celery broker (env CASCADE_REWARD_BROKER_URL, which keeps a password out of `ps`; "
+        "default: redis://127.0.0.1:6379/0)",  # not %(default)s: --help would print the env's password
     )
     p.add_argument(
         "--result-backend",

@@ -29,11 +29,16 @@ from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("cascade.rollout.worker")
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="cascade-rollout-worker", description=__doc__.splitlines()[0])
-    p.add_argument("--redis-url", default="redis://127.0.0.1:6379/0", help="default: %(default)s")
+    p.add_argument(  # from the environment, a password stays off the command line (`ps` shows it)
+        "--redis-url",
+        default=os.environ.get("CASCADE_WORKER_REDIS_URL") or DEFAULT_REDIS_URL,
+        help=f"env CASCADE_WORKER_REDIS_URL; default: {DEFAULT_REDIS_URL}",
+    )
     p.add_argument("--stream-prefix", required=True, help="the run's key prefix (as the learner's)")
     p.add_argument("--rollout", help="rollout replica addresses host:port[,host:port...]")
     p.add_argument(

@@ -7,6 +7,8 @@
   stops with the reason and the resume command; that command, run as printed, continues from the
   checkpoint; its learner SIGKILLed is not restarted, the same command is printed again, and run
   once more it finishes the run. Every log is appended to (earlier output kept, each start marked).
+- `cascade up` given Redis and database URLs with a password shows it on no process's command
+  line, and SIGKILLed takes every process it started along (issue 34).
 
 Needs Redis on 127.0.0.1:6379 (skipped without it).
 """
@@ -30,6 +32,7 @@ from typing import Any
 import pytest
 
 from cascade.runner.checkpoint import latest_checkpoint
+from cascade.up.orphans import STATE_FILE, orphan_refusal, proc_stat, record_paths
 from cascade.up.stack import LocalStack
 
 REDIS_URL = os.environ.get("CASCADE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -236,7 +239,7 @@ def test_a_worker_dying_at_every_start_stops_up_with_the_resume_command_that_fin
         "--max-restarts",
     ):
         assert flag in words, (flag, words)
-    logs_before = {p.name: p.read_bytes() for p in log_dir.iterdir()}
+    logs_before = {p.name: p.read_bytes() for p in log_dir.glob("*.log")}
     trained_before = len(_trained(run_dir))
     assert 1 <= trained_before < steps
 
@@ -268,3 +271,88 @@ def test_a_worker_dying_at_every_start_stops_up_with_the_resume_command_that_fin
     assert learner_log.count("=== cascade up ") == 3 and learner_log.count("resumed from step-") == 2
     worker_log = (log_dir / "worker-1.log").read_text()
     assert worker_log.count("=== cascade up ") == 4  # start, restart 1, one per resumed stack
+
+
+SECRET = "s3cret-pw-34"
+
+
+def _with_password(url: str) -> str:
+    """`url` with user and password (`SECRET`); the local servers do not check it (Redis without
+    a password takes any for its default user, Postgres with trust auth ignores it)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.password is not None:
+        pytest.skip(f"{parts.scheme} URL with a password of its own: {parts.hostname}")
+    user = parts.username or "default"
+    return urlunsplit(parts._replace(netloc=f"{user}:{SECRET}@{parts.netloc.rsplit('@', 1)[-1]}"))
+
+
+def _groups(pgids: set[int]) -> dict[int, int]:
+    """Every live process of these process groups (pid: start time)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        stat = proc_stat(int(entry.name)) if entry.name.isdigit() else None
+        if stat is not None and stat.running and stat.pgrp in pgids:
+            found[int(entry.name)] = stat.start
+    return found
+
+
+def _running(pid: int, start: int) -> bool:
+    stat = proc_stat(pid)
+    return stat is not None and stat.running and stat.start == start
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux: /proc and prctl")
+def test_up_sigkilled_takes_every_process_along_none_showing_a_password(e2e: Any, tmp_path: Path) -> None:
+    from pg_schema import fresh_schema
+
+    e2e.config(tmp_path, _math_stage(max_steps=500))  # still training when `cascade up` is killed
+    run_dir, log_dir = tmp_path / "run", tmp_path / "logs"
+    redis_url = _with_password(REDIS_URL)
+    with fresh_schema("up_secret") as url:
+        db_url = _with_password(url)
+        argv = ["up", str(tmp_path / "cascade.yaml"), "--run-dir", str(run_dir), "--log-dir", str(log_dir)]
+        argv += ["--redis-url", redis_url, "--db", db_url, "--workers", "2", "--celery-workers", "1"]
+        up = UpProcess(argv, tmp_path, "up")
+        try:
+            pids = _wait(
+                "the stack", lambda: re.findall(r"^\s+(\S+)\s+pid (\d+)", up.stdout(), re.M), alive=up.alive
+            )
+            started = {name: int(pid) for name, pid in pids}
+            names = {"rollout", "reward", "teacher", "celery-0", "worker-0", "worker-1", "learner"}
+            assert set(started) == names, pids
+            # each connects: the learner trains (Postgres, Redis), workers feed it (Redis), Celery is up
+            _wait("step 1", lambda: len(_trained(run_dir)) >= 1, alive=up.alive)
+            celery_log = log_dir / "celery-0.log"
+            _wait(
+                "the Celery worker",
+                lambda: " ready." in celery_log.read_text(errors="replace"),
+                alive=up.alive,
+            )
+            everyone = _groups(set(started.values()))  # theirs too: Celery's pool, ...
+            assert set(started.values()) <= set(everyone), (started, everyone)
+            for pid in everyone:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+                assert SECRET.encode() not in cmdline, (pid, cmdline)
+            assert SECRET.encode() in Path(f"/proc/{up.popen.pid}/cmdline").read_bytes()  # as given
+            recorded = json.loads((log_dir / STATE_FILE).read_text())
+            assert {n: p["pid"] for n, p in recorded["processes"].items()} == started
+            assert SECRET not in json.dumps(recorded)
+
+            up.popen.send_signal(signal.SIGKILL)  # no stop, no cleanup: only the kernel's signal
+            up.popen.wait(timeout=10)
+        finally:
+            if up.alive():
+                up.popen.send_signal(signal.SIGTERM)
+                up.popen.wait(timeout=60)
+        deadline = time.monotonic() + 60
+        while any(_running(pid, start) for pid, start in everyone.items()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = {pid for pid, start in everyone.items() if _running(pid, start)}
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+        assert not left, f"still running after cascade up was SIGKILLed: {left}"
+    # the learner stopped as on Ctrl-C (its resume hint), and nothing is left for a new `up` to refuse
+    assert "learner interrupted; continue with:" in (log_dir / "learner.log").read_text(errors="replace")
+    assert orphan_refusal(record_paths(run_dir, log_dir), settle_s=0) is None

@@ -113,7 +113,7 @@ def test_abort_is_offered_when_control_would_change_something(postgres_url: str)
                 elif lease == "expired":
                     row.expires_at = utcnow() - timedelta(seconds=1)
                 s.flush()
-                live = leases.is_live(leases.lease_of(s, cascade.id))
+                live = leases.is_live(leases.lease_of(s, cascade.id), leases.db_now(s))
                 runs = list(s.scalars(select(Run).where(Run.cascade_id == cascade.id)))
                 offered = actions.abort_offered(
                     cascade, repo.list_stages(s, cascade_id=cascade.id), runs, live

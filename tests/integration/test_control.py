@@ -102,7 +102,7 @@ def test_abort_without_a_live_runner_applies_at_once(sqlite_url: str) -> None:
         )
         lease.expires_at = lease.heartbeat_at - timedelta(seconds=1)  # the runner stopped beating
         s.flush()
-        assert not leases.is_live(s.get(RunLease, cascade.id))
+        assert not leases.is_live(s.get(RunLease, cascade.id), leases.db_now(s))
         _, changed = control.abort_cascade(s, cascade_id=cascade.id, actor="op")
         assert changed
         assert [(st.state, st.desired_state) for st in repo.list_stages(s, cascade_id=cascade.id)] == [

@@ -83,9 +83,12 @@ def make_run(cfg: CascadeConfig, run_dir: Path, url: str, *, cascade_id: int | N
 
 
 def expire_lease(store: RunStore) -> None:
+    """The holder stopped beating, as a runner on another host does when it dies (one on this
+    host whose pid is alive is never taken for dead)."""
     with db.session_scope(store.engine) as s:
         for lease in s.query(RunLease):
             lease.expires_at = lease.heartbeat_at - timedelta(seconds=1)
+            lease.host = "another-host"
 
 
 def asides(run_dir: Path) -> list[Path]:

@@ -155,8 +155,9 @@ class CascadeWalk(RuleBasedStateMachine):
         """kill -9: no release; the lease ages out."""
         with db.session_scope(self.store.engine) as s:
             lease = s.get(RunLease, self.cascade_id)
-            if lease is not None:
+            if lease is not None:  # as a runner on another host leaves it (a live pid here is alive)
                 lease.expires_at = lease.heartbeat_at - timedelta(seconds=1)
+                lease.host = "another-host"
         self.runner = None
 
     def _runner_exits(self) -> None:
@@ -175,7 +176,7 @@ class CascadeWalk(RuleBasedStateMachine):
         with db.session_scope(self.store.engine) as s:
             detail = queries.cascade_detail(s, self.cascade_id)
             lease = leases.lease_of(s, self.cascade_id)
-            live = leases.is_live(lease)
+            live = leases.is_live(lease, leases.db_now(s))
             dead_holder_of = lease.run_id if lease is not None and not live else None
         states = [st.state for st in detail.stages]
         active = [x for x in states if x in ("running", "paused")]
