@@ -21,7 +21,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from cascade.runner.record import RECORD_FILE, public_db_url, read_record
 from cascade.runner.run_state import RunDirError
 from cascade.store import db, leases
-from cascade.store.models import RunLease, utcnow
+from cascade.store.models import RunLease
 
 OWN_DB = "cascade.db"
 RUN_MARKERS = (RECORD_FILE, OWN_DB, "checkpoints", "teachers")
@@ -96,7 +96,7 @@ def check_not_held(run_dir: Path, given_db: str | None) -> None:
     engine = db.make_engine(url)
     try:
         with db.session_scope(engine) as s:
-            now = utcnow()
+            now = leases.db_now(s)
             if cascade_id is not None:
                 rows = [r for r in [leases.lease_of(s, cascade_id)] if r is not None]
             else:

@@ -43,10 +43,11 @@ from cascade.parallel.world import World
 from cascade.resilience import resilience_metrics
 from cascade.rollout.requests import PromptRequest, RolloutBatch, merge_chunks, request_seed
 from cascade.runner.checkpoint import (
-    latest_checkpoint,
+    newest_verified_checkpoint,
     prune_checkpoints,
     read_runner_state,
     save_model_dir_atomically,
+    write_text_atomically,
 )
 from cascade.runner.curriculum import AdvanceTracker, TeacherRegistry
 from cascade.runner.distill import DistillData, DistillJob, fetch_distill
@@ -59,10 +60,11 @@ from cascade.runner.rl import VerifierFailureError, plan_rl
 from cascade.runner.run_state import RunDirError, RunResult, RunState, rng_state_from_json, rng_state_to_json
 from cascade.runner.run_store import RunStore
 from cascade.runner.sources import RunSources
+from cascade.runner.staging import clear_stale, publish, staged_path
 from cascade.runner.step_memory import step_memory_problems
 from cascade.runner.training import PolicyTrainer, make_trainer
 from cascade.runner.update import UpdateRequest
-from cascade.store.leases import Holder
+from cascade.store.leases import Holder, LeaseLost
 from cascade.tracking import Tracker
 
 SAMPLES_LOG = "samples.jsonl"
@@ -176,8 +178,10 @@ class CascadeRunner:
         self.holder = Holder.this_process(token=uuid.uuid4().hex)
         self.lease: LeaseKeeper | None = None
         self._idle_s = 0.0
+        self._samples_logged_step = -1
         self.state = RunState()
-        self.resume_from = latest_checkpoint(self.ckpt_root) if resume else None
+        # the newest checkpoint that proves itself (manifest, finite weights); the ones skipped, in one line
+        self.resume_from = newest_verified_checkpoint(self.ckpt_root, self.log) if resume else None
         if resume and self.resume_from is None and self.previous is not None:
             raise RunDirError(f"{self.run_dir}: no complete checkpoint to resume from (start with --fresh)")
 
@@ -211,9 +215,11 @@ class CascadeRunner:
             if isinstance(verifier, NeedsPreparing):
                 verifier.prepare()
         if self.resume_from is not None:
+            # every check of a resume comes before its first change (the store's rows, the samples log)
+            saved = read_runner_state(self.resume_from)
+            samples = self._samples_to_keep(saved["global_step"])
             self.trainer.load(self.resume_from)
             self.policy = self.trainer.policy
-            saved = read_runner_state(self.resume_from)
             self.state = RunState(**saved)
             if self.state.py_rng is not None:
                 self.rng.setstate(rng_state_from_json(self.state.py_rng))
@@ -224,7 +230,7 @@ class CascadeRunner:
             holder = None if self.state.finished else self.holder
             self.store.resume(self.state.store_ids, holder=holder, expiry_s=self.cfg.lease.expiry_s)
             self.store.truncate_after(self.state.global_step)
-            self._truncate_samples_log(self.state.global_step)
+            self._truncate_samples_log(samples)
             self.log(
                 f"resumed from {self.resume_from.name}: stage {self.state.stage_index + 1}, "
                 f"step {self.state.stage_step} (global step {self.state.global_step})"
@@ -243,6 +249,8 @@ class CascadeRunner:
             )
         if self.state.finished:  # nothing to train: only the report is written again
             return
+        for gone in clear_stale(self.ckpt_root) + clear_stale(self.teacher_root):
+            self.log(f"removed {gone.name}: a write its runner never published")
         if self.accel.device.type != "cpu":
             self.log(self.accel.describe())
         self.lease = LeaseKeeper(
@@ -275,15 +283,40 @@ class CascadeRunner:
             ),
         )
 
-    def _truncate_samples_log(self, global_step: int) -> None:
-        """Steps after the checkpoint are redone: their trained sample ids go, as their rows do."""
+    def _samples_to_keep(self, global_step: int) -> list[str] | None:
+        """The samples log's lines up to `global_step` (the steps after the checkpoint are redone),
+        read and checked before a resume changes anything; None when there is no log. A cut last
+        line (a disk that filled during the append) is dropped, in one log line; a line before it
+        that does not read is a `RunDirError` naming the file and line."""
         path = self.run_dir / SAMPLES_LOG
         if not path.exists():
-            return
-        kept = [
-            line for line in path.read_text().splitlines() if json.loads(line)["global_step"] <= global_step
-        ]
-        path.write_text("".join(f"{line}\n" for line in kept))
+            return None
+        lines = path.read_text().splitlines()
+        kept: list[str] = []
+        for number, line in enumerate(lines, start=1):
+            try:
+                step = json.loads(line)["global_step"]
+                if not isinstance(step, int):
+                    raise TypeError(f"global_step is {step!r}")
+            except (ValueError, KeyError, TypeError) as err:
+                if number < len(lines):
+                    raise RunDirError(
+                        f"{path}:{number}: not a line of the samples log ({err}); only a cut last line "
+                        "is repaired: fix or remove that line, then resume"
+                    ) from None
+                self.log(
+                    f"{path}: dropped its last line, cut short ({len(line.encode())} bytes that do not read)"
+                )
+                break
+            if step <= global_step:
+                kept.append(line)
+        return kept
+
+    def _truncate_samples_log(self, kept: list[str] | None) -> None:
+        """The samples log as `_samples_to_keep` left it, written atomically (the steps after the
+        checkpoint are redone: their trained sample ids go, as their rows do)."""
+        if kept is not None:
+            write_text_atomically(self.run_dir / SAMPLES_LOG, "".join(f"{line}\n" for line in kept))
 
     # ------------------------------------------------------------------ main loop
 
@@ -293,6 +326,12 @@ class CascadeRunner:
         and the following ranks of a sharded learner are let go."""
         try:
             return self._run()
+        except LeaseLost as err:  # a write refused: another runner holds the cascade now
+            self.log(str(err))
+            self._discard_inflight()
+            if self.lease is not None:
+                self.lease.lost.set()  # and nothing to release
+            return self._finish("lease lost", write_report=False)
         finally:
             self._background.shutdown(wait=False, cancel_futures=True)
             if self.lease is not None:
@@ -466,11 +505,14 @@ class CascadeRunner:
             **self.sources.rollouts.stats(),
             **resilience_metrics(self.store.watched),
         }
-        self.store.record_step(self.state.stage_index, self.state.stage_step, self.state.global_step, metrics)
-        with (self.run_dir / SAMPLES_LOG).open("a") as f:
-            f.write(
-                json.dumps({"global_step": self.state.global_step, "sample_ids": batch.sample_ids}) + "\n"
-            )
+        line = json.dumps({"global_step": self.state.global_step, "sample_ids": batch.sample_ids}) + "\n"
+        self.store.record_step(
+            self.state.stage_index,
+            self.state.stage_step,
+            self.state.global_step,
+            metrics,
+            then=lambda: self._log_samples(self.state.global_step, line),
+        )
         if self.on_step is not None:
             self.on_step(self.state.global_step, metrics)
         self.tracker.log_step(self.state.global_step, metrics, stage=self.state.stage_index)
@@ -677,8 +719,8 @@ class CascadeRunner:
         path = self.teacher_root / f"{domain}-g{self.state.global_step:06d}"
         if not self.registry.offer(domain, score, self.state.global_step, str(path)):
             return
-        save_model_dir_atomically(self.policy, path)
-        self.sources.teachers.register(domain, path.resolve())
+        staged = staged_path(path, self._epoch())
+        save_model_dir_atomically(self.policy, staged)
         self.store.record_teacher(
             self.state.stage_index,
             self.state.stage_step,
@@ -686,9 +728,22 @@ class CascadeRunner:
             domain=domain,
             score=score,
             path=path,
+            publish=lambda: publish(staged, path),
         )
+        self.sources.teachers.register(domain, path.resolve())
         if old is not None and Path(old.path) != path:
             self._pending_teacher_deletes.append(Path(old.path))
+
+    def _epoch(self) -> int:
+        return self.store.fence.epoch if self.store.fence is not None else 0
+
+    def _log_samples(self, global_step: int, line: str) -> None:
+        """The step's trained sample ids, once (the step's transaction may be retried)."""
+        if self._samples_logged_step == global_step:
+            return
+        with (self.run_dir / SAMPLES_LOG).open("a") as f:
+            f.write(line)
+        self._samples_logged_step = global_step
 
     def _checkpoint(self, tracker: AdvanceTracker | None) -> None:
         self.state.tracker = tracker.state_dict() if tracker is not None else {}
@@ -696,9 +751,14 @@ class CascadeRunner:
         self.state.filters = {n: f.state_dict() for n, f in self.filters.items()}
         self.state.py_rng = rng_state_to_json(self.rng.getstate())
         path = self.ckpt_root / f"step-{self.state.global_step:06d}"
-        self.trainer.save(path, generator=self.generator, runner_state=self.state.__dict__.copy())
+        staged = staged_path(path, self._epoch())
+        self.trainer.save(staged, generator=self.generator, runner_state=self.state.__dict__.copy())
         self.store.record_checkpoint(
-            self.state.stage_index, self.state.stage_step, self.state.global_step, path
+            self.state.stage_index,
+            self.state.stage_step,
+            self.state.global_step,
+            path,
+            publish=lambda: publish(staged, path),
         )
         self.tracker.log_checkpoint(self.state.global_step, path)
         prune_checkpoints(self.ckpt_root, self.cfg.checkpoint.keep_last)

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from pydantic import ValidationError
-from sqlalchemy import select
+from sqlalchemy import event, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -106,6 +106,19 @@ def stored_config(url: str, cascade_id: int) -> CascadeConfig:
         engine.dispose()
 
 
+IDLE_IN_TRANSACTION_S = 10
+"""Postgres ends a runner's session that sits this long inside a transaction (a runner frozen
+or cut off mid-write), so the locks it holds (the lease row's, taken by the fence) do not hold
+up the runner that takes over. A runner's transactions never wait on anything but the database
+and a local file (a samples line, a rename)."""
+
+
+def _bound_idle_transactions(dbapi_connection: Any, connection_record: Any) -> None:
+    with dbapi_connection.cursor() as cursor:
+        cursor.execute(f"SET idle_in_transaction_session_timeout = '{IDLE_IN_TRANSACTION_S}s'")
+    dbapi_connection.commit()
+
+
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -137,6 +150,8 @@ class RunStore:
     ) -> None:
         """`give_up_after_s`: how long one database outage is ridden out (`resilience.database_s`)."""
         self.engine = db.make_engine(url)
+        if self.engine.dialect.name == "postgresql":
+            event.listen(self.engine, "connect", _bound_idle_transactions)
         self.log = log
         db.prepare_schema(self.engine)
         self.database = database_dependency(give_up_after_s, log)

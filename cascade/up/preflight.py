@@ -17,7 +17,6 @@ from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from cascade.runner.fresh import has_history
 from cascade.runner.record import read_record
 from cascade.store import db, leases
-from cascade.store.models import utcnow
 
 
 def holder_of(db_url: str, cascade_id: int) -> str | None:
@@ -32,7 +31,7 @@ def holder_of(db_url: str, cascade_id: int) -> str | None:
     try:
         with db.session_scope(engine) as s:
             lease = leases.lease_of(s, cascade_id)
-            now = utcnow()
+            now = leases.db_now(s)
             if lease is None or leases.holder_is_dead(lease, now):
                 return None
             return str(leases.LeaseHeld(lease, now))
