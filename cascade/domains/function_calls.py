@@ -6,9 +6,15 @@ Expected calls are BFCL's ground-truth shape: `[{"fn": {"param": [accepted, ...]
 value `""` marks an optional parameter that may be left out; any other parameter must be given.
 Comparison follows the parameter's type in the function's JSON schema:
 - `integer`: an int (not a bool, not a float: `3.0` is not `3`), equal;
-- `number` / `float`: an int or a float, equal as numbers (`3` is accepted for `3.0`);
-- `string`: a string, equal after case-folding and dropping spaces and `,./-_*^` (so
-  `"New York, NY"` matches `"new york ny"`);
+- `number` / `float`: an int or a float, equal as numbers (`3` is accepted for `3.0`), compared
+  exactly (an int too large for a float is simply not equal; NaN equals nothing);
+- `string`: a string, equal after case-folding and dropping spaces and `,./-_*^` where they do
+  not change the value (so `"New York, NY"` matches `"new york ny"`, `"F-16"` matches `"f16"`).
+  BFCL drops those characters everywhere; here they stay where they are part of a number (see
+  `canonical_string`): between two digits (`"1.5"` is not `"15"`, `"2023-10-05"` not
+  `"2023-1-005"`; a run of spaces there is one space: `"1 5"` is not `"15"`), and a `-` or `.`
+  right before a number that does not join it to a word (`"-5"` is not `"5"`, `"x -5"` not `"x 5"`,
+  `".5"` not `"5"`; but `"F-16"` is `"F16"`);
 - `boolean`: a bool, equal;
 - `array` / `tuple`: a list of the same length, each item compared by `items`' type;
 - `object` / `dict`: a dict with the same keys, each value compared by the property's type
@@ -33,7 +39,8 @@ from typing import Any
 from cascade.tools.template import ToolCallText, ToolFormat
 
 OPTIONAL = ""
-_STRING_NOISE = re.compile(r"[\s,./\-_*^]")
+_NOISE_RUN = re.compile(r"[\s,./\-_*^]+")
+_SIGN_OR_POINT = re.compile(r"[-.]+$")
 
 
 @dataclass(frozen=True)
@@ -52,12 +59,13 @@ def value_accepted(value: Any, accepted: Any, schema: Mapping[str, Any] | None) 
     if kind == "integer":
         return type(value) is int and _number(accepted) and value == accepted
     if kind in ("number", "float"):
-        return _number(value) and _number(accepted) and float(value) == float(accepted)
+        # int == float in Python compares exact values (no conversion that could overflow)
+        return _number(value) and _number(accepted) and bool(value == accepted)
     if kind == "string":
         return (
             isinstance(value, str)
             and isinstance(accepted, str)
-            and _STRING_NOISE.sub("", value).casefold() == _STRING_NOISE.sub("", accepted).casefold()
+            and canonical_string(value) == canonical_string(accepted)
         )
     if kind == "boolean":
         return type(value) is bool and value is accepted
@@ -76,6 +84,34 @@ def value_accepted(value: Any, accepted: Any, schema: Mapping[str, Any] | None) 
         properties = (schema or {}).get("properties", {})
         return _dict_accepted(value, accepted, properties)
     return _same_json(value, accepted)
+
+
+def canonical_string(text: str) -> str:
+    """`text` case-folded, with BFCL's noise (spaces and `,./-_*^`) dropped where it does not
+    change the value; two strings match when their canonical forms are equal. A run of noise
+    - between two digits is a separator: kept without its spaces (a run of spaces only: one space);
+    - right before a digit (and not after one) keeps its trailing `-`/`.` (a sign or a decimal
+      point), unless the run is a single `-` or `.` right after a letter (`F-16`, `v.2`);
+    - anywhere else is dropped."""
+    out: list[str] = []
+    at = 0
+    for run in _NOISE_RUN.finditer(text):
+        out.append(text[at : run.start()])
+        at = run.end()
+        before = text[run.start() - 1] if run.start() else ""
+        after = text[run.end()] if run.end() < len(text) else ""
+        noise = run.group()
+        if not after.isdigit():
+            continue
+        if before.isdigit():
+            kept = "".join(noise.split())
+            out.append(kept or " ")
+        elif not (before.isalpha() and noise in ("-", ".")):
+            sign = _SIGN_OR_POINT.search(noise)
+            if sign:
+                out.append(sign.group())
+    out.append(text[at:])
+    return "".join(out).casefold().replace("'", '"')
 
 
 def _same_json(value: Any, accepted: Any) -> bool:
@@ -126,8 +162,15 @@ def match_call(
             return MatchResult(False, f"{name}: missing argument {param!r}")
         value = call.arguments[param]
         if not any(value_accepted(value, a, properties.get(param)) for a in accepted if not _is_optional(a)):
-            return MatchResult(False, f"{name}: argument {param!r}={json.dumps(value)[:60]} not accepted")
+            return MatchResult(False, f"{name}: argument {param!r}={_shown(value)} not accepted")
     return MatchResult(True)
+
+
+def _shown(value: Any) -> str:
+    try:
+        return json.dumps(value)[:60]
+    except (ValueError, TypeError, RecursionError):
+        return f"<{type(value).__name__}>"
 
 
 def _is_optional(accepted: Any) -> bool:

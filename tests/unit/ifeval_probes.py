@@ -234,6 +234,11 @@ def _forbidden_probes() -> list[Probe]:
         "Good.\nBad.",
         "A terrible, awful day.",
         GREEK,
+        "It bad'd out.",  # IFEval's \bbad\b finds these: the apostrophe ends the word
+        "We bad've gone.",
+        "It bad\u2019d out.",
+        "A bad_stuff variable.",  # IFEval's \b misses `bad` inside an identifier; ours does not
+        "Call _bad_ now.",
     ]
     out = _simple("keywords:forbidden_words", texts, {"forbidden_words": ["bad"]})
     out += _simple("keywords:forbidden_words", texts, {"forbidden_words": ["bad", "awful"]})
@@ -435,6 +440,9 @@ CONSTRAINED = [
     "My answer is: yes",
     "my answer is yes.",
     "Yes.",
+    "My answer is yes. My answer is no!",  # a second option, other punctuation: no answer
+    "My answer is maybe. MY ANSWER IS NO.",
+    "My answer is yes. Really, my answer is yes.",
 ]
 
 TWO = [
@@ -460,6 +468,13 @@ REPEAT = [
     "Write a haiku about the sky. Clouds.",
 ]
 
+# 10,000 characters of German, then 5,000 of English: IFEval's langdetect reads only the first
+# 10,000 characters.
+GERMAN_THEN_ENGLISH = (
+    "Die Katze sitzt auf der Matte und schaut aus dem Fenster auf die Vögel im Garten. " * 122
+    + "The cat sat on the mat and looked out of the window at the birds in the garden. " * 62
+)
+
 LANGUAGE: list[tuple[str, str]] = [
     ("en", "The cat sat on the mat and looked out of the window at the birds."),
     ("en", "Le chat est assis sur le tapis et regarde les oiseaux par la fenêtre."),
@@ -479,6 +494,8 @@ LANGUAGE: list[tuple[str, str]] = [
     ("ar", "القطة تجلس على السجادة وتنظر إلى الطيور من النافذة."),
     ("pt", "O gato está sentado no tapete e olha os pássaros pela janela."),
     ("fr", "Sure, here it is:\nLe chat est assis sur le tapis et regarde les oiseaux par la fenêtre."),
+    ("de", GERMAN_THEN_ENGLISH),  # IFEval reads only the German: ours reads the English too
+    ("de", GERMAN_THEN_ENGLISH[:10_000] * 2),
 ]
 
 BULLETS = [

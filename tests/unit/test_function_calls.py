@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cascade.config import parse_domain_config
 from cascade.config.hf import HfPrompts
@@ -222,3 +224,199 @@ def test_bfcl_question_as_json_text_of_messages() -> None:
         {"question": messages, "function": [{"name": "f"}], "ground_truth": [{"f": {}}]}, FMT
     )
     assert prompt == "Call f now."
+
+
+# --------------------------------------------------------------------------- issue 33: the value, not
+# what a normalisation makes of it
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "f",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "x": {"type": "float"},
+                    "n": {"type": "integer"},
+                    "s": {"type": "string"},
+                    "xs": {"type": "array", "items": {"type": "number"}},
+                },
+            },
+        },
+    }
+]
+
+
+def _problem(expected: dict[str, list[Any]]) -> Problem:
+    meta = {"task": "function_call", "tools": TOOLS, "expected_calls": [{"f": expected}]}
+    return Problem("p", "agent", "Call f.", "", meta)
+
+
+def _score(expected: dict[str, list[Any]], arguments_json: str) -> tuple[str, float]:
+    completion = f'<tool_call>\n{{"name": "f", "arguments": {arguments_json}}}\n</tool_call>'
+    verdict = AgentDomain().score_batch([_problem(expected)], [completion])[0]
+    return verdict.reason, verdict.reward
+
+
+@pytest.mark.parametrize(
+    ("expected", "arguments"),
+    [
+        ({"x": [1.5]}, '{"x": 1' + "0" * 400 + "}"),  # raised OverflowError
+        ({"x": [1.5]}, '{"x": -1' + "0" * 400 + "}"),
+        ({"xs": [[1.5]]}, '{"xs": [1' + "0" * 400 + "]}"),
+        ({"x": [1e308]}, '{"x": 1' + "0" * 400 + "}"),
+        ({"x": [1.5]}, '{"x": 1e999}'),  # inf
+        ({"x": [1.5]}, '{"x": NaN}'),
+        ({"x": [1.5]}, '{"x": -Infinity}'),
+        ({"n": [3]}, '{"n": 1' + "0" * 400 + "}"),
+        ({"s": ["3"]}, '{"s": 1' + "0" * 400 + "}"),
+    ],
+)
+def test_huge_and_non_finite_numbers_are_wrong(expected: dict[str, list[Any]], arguments: str) -> None:
+    assert _score(expected, arguments) == (WRONG_ANSWER, 0.0)
+
+
+def test_huge_numbers_equal_to_the_expected_one_are_paid() -> None:
+    big = 10**400
+    assert _score({"x": [big]}, '{"x": 1' + "0" * 400 + "}") == (OK, 1.0)
+    assert _score({"n": [big]}, '{"n": 1' + "0" * 400 + "}") == (OK, 1.0)
+    assert not value_accepted(big, 1e308, {"type": "number"}) and not value_accepted(1e308, big, None)
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ("5", "-5"),
+        ("-5", "5"),
+        ("1.5", "15"),
+        ("15", "1.5"),
+        ("2023-1-005", "2023-10-05"),
+        ("20231005", "2023-10-05"),
+        ("1,5", "1.5"),
+        ("1 5", "15"),
+        (".5", "5"),
+        ("x 5", "x -5"),
+        ("-0.5 degrees", "0.5 degrees"),
+        ("Temperature: 5", "temperature -5"),
+    ],
+)
+def test_strings_that_differ_in_sign_digits_or_separators_are_not_paid(given: str, expected: str) -> None:
+    assert not value_accepted(given, expected, {"type": "string"})
+    assert _score({"s": [expected]}, json.dumps({"s": given})) == (WRONG_ANSWER, 0.0)
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ("New York, NY", "new york ny"),
+        ("San Francisco", "sanfrancisco"),
+        ("F-16", "f16"),
+        ("Room 5.", "room 5"),
+        ("2023-10-05", "2023-10-05"),
+        ("1, 2, 3", "1,2,3"),
+        ("5 km", "5km"),
+        ("-5", "-5"),
+        ("snake_case_name", "Snake Case Name"),
+        ("2^10", "2^10"),
+        ("  padded  ", "padded"),
+    ],
+)
+def test_strings_that_differ_in_case_spaces_or_punctuation_only_are_paid(given: str, expected: str) -> None:
+    assert value_accepted(given, expected, {"type": "string"})
+    assert _score({"s": [expected]}, json.dumps({"s": given})) == (OK, 1.0)
+
+
+# Properties (hypothesis, derandomized: the same examples on every run).
+
+_NUMBER_TEXT = st.one_of(
+    st.integers(min_value=-(10**30), max_value=10**30).map(str),
+    st.floats(allow_nan=False, allow_infinity=False, width=64).map(repr).filter(lambda t: "e" not in t),
+    st.lists(st.integers(0, 9999), min_size=2, max_size=4).map(lambda g: "-".join(str(x) for x in g)),
+    st.dates().map(str),
+)
+_WORD = st.text(alphabet="abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZéß", min_size=1, max_size=8)
+_TOKENS = st.lists(st.one_of(_WORD, _NUMBER_TEXT), min_size=1, max_size=6)
+_STRING = {"type": "string"}
+
+
+def _is_number(token: str) -> bool:
+    return token[0] in "-." or token[0].isdigit()
+
+
+def _join(tokens: list[str], gaps: list[str]) -> str:
+    """Tokens joined with whitespace gaps; where a gap could merge two numbers (or join a word to a
+    sign), it keeps at least one space (without one the value would change)."""
+    out = tokens[0]
+    for gap, token in zip(gaps, tokens[1:], strict=False):
+        if not gap and (_is_number(token) and (out[-1].isdigit() or token[0] in "-.")):
+            gap = " "
+        out += gap + token
+    return out
+
+
+@settings(derandomize=True, max_examples=300, deadline=None)
+@given(tokens=_TOKENS, data=st.data())
+def test_property_case_and_whitespace_keep_the_verdict(tokens: list[str], data: st.DataObject) -> None:
+    gaps = st.lists(st.text(alphabet=" \t\n", max_size=3), min_size=len(tokens), max_size=len(tokens))
+    expected = _join(tokens, [" "] * len(tokens))
+    given_text = _join(tokens, data.draw(gaps))
+    flips = data.draw(st.lists(st.booleans(), min_size=len(given_text), max_size=len(given_text)))
+    given_text = "".join(c.swapcase() if flip else c for c, flip in zip(given_text, flips, strict=True))
+    pad = st.sampled_from(["", " ", "\t"])
+    given_text = data.draw(pad) + given_text + data.draw(pad)
+    assert value_accepted(given_text, expected, _STRING), (given_text, expected)
+
+
+def _mutations(text: str) -> list[str]:
+    """Each way to change a sign, a digit or a separator of the numbers in `text` (a number is
+    preceded by the start or a space)."""
+    out = []
+    for i, c in enumerate(text):
+        if c.isdigit():
+            out.append(text[:i] + str((int(c) + 1) % 10) + text[i + 1 :])
+            out.append(text[:i] + text[i + 1 :] if len(text) > 1 else "")  # digit dropped
+            out.append(text[:i] + c + "0" + text[i + 1 :])  # digit added
+            starts = i == 0 or text[i - 1] == " "
+            if starts:
+                out.append(text[:i] + "-" + text[i:])  # sign added
+        if c == "-" and i + 1 < len(text) and text[i + 1].isdigit() and (i == 0 or text[i - 1] == " "):
+            out.append(text[:i] + text[i + 1 :])  # sign dropped
+        if c in "-." and 0 < i < len(text) - 1 and text[i - 1].isdigit() and text[i + 1].isdigit():
+            out.append(text[:i] + text[i + 1 :])  # separator dropped
+            out.append(text[:i] + " " + text[i + 1 :])
+            out.append(text[:i] + ("," if c == "." else "/") + text[i + 1 :])
+            out.append(text[: i - 1] + c + text[i - 1] + text[i + 1 :])  # separator moved
+    return [m for m in out if m != text]
+
+
+@settings(derandomize=True, max_examples=300, deadline=None)
+@given(tokens=_TOKENS.filter(lambda ts: any(_is_number(t) for t in ts)), data=st.data())
+def test_property_a_sign_digit_or_separator_changes_it(tokens: list[str], data: st.DataObject) -> None:
+    text = _join(tokens, [" "] * len(tokens))
+    assert value_accepted(text, text, _STRING)
+    mutations = _mutations(text)
+    for wrong in data.draw(st.lists(st.sampled_from(mutations), min_size=1, max_size=8)) if mutations else []:
+        assert not value_accepted(wrong, text, _STRING), (wrong, text)
+        assert not value_accepted(text, wrong, _STRING), (text, wrong)
+
+
+_ANY_NUMBER = st.one_of(
+    st.integers(min_value=-(10**1000), max_value=10**1000),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([10**400, -(10**400), float("nan"), float("inf"), -float("inf"), 1e308]),
+)
+_KINDS = [None, "integer", "number", "float", "string", "boolean", "array", "object"]
+
+
+@settings(derandomize=True, max_examples=300, deadline=None)
+@given(value=_ANY_NUMBER, accepted=_ANY_NUMBER, kind=st.sampled_from(_KINDS))
+def test_property_numbers_never_raise(value: Any, accepted: Any, kind: str | None) -> None:
+    schema = {"type": kind} if kind else None
+    for v, a in ((value, accepted), ([value], [accepted]), ({"k": value}, {"k": [accepted]})):
+        assert isinstance(value_accepted(v, a, schema), bool)
+    call = ToolCallText("f", {"x": value, "n": value, "xs": [value]})
+    result = match_call(call, {"f": {"x": [accepted], "n": [accepted], "xs": [[accepted]]}}, TOOLS[0])
+    assert isinstance(result.ok, bool)
+    if isinstance(value, float) and value != value:
+        assert not result.ok  # NaN equals nothing

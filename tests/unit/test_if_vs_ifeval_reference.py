@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ifeval_probes import Probe, probes
+from ifeval_probes import GERMAN_THEN_ENGLISH, Probe, probes
 
 from cascade.domains.hf_ifeval import IFEVAL_RULES, rules_for
 from cascade.domains.if_rules import check_rules, rule_from_json
@@ -82,6 +82,21 @@ KNOWN_DISAGREEMENTS: dict[tuple[str, str], str] = {
         "detectable_format:constrained_response",
         "My answer is yes. My answer is no. My answer is maybe.",
     ): "giving every option answers nothing (IFEval accepts any reply containing one option)",
+    (
+        "detectable_format:constrained_response",
+        "My answer is yes. My answer is no!",
+    ): "a second option written with other punctuation still answers twice (IFEval: any option found)",
+    (
+        "detectable_format:constrained_response",
+        "My answer is maybe. MY ANSWER IS NO.",
+    ): "a second option in capitals still answers twice",
+    ("keywords:forbidden_words", "A bad_stuff variable."): (
+        "'bad' inside an identifier is still written (IFEval's \\b treats '_' as a word character)"
+    ),
+    ("keywords:forbidden_words", "Call _bad_ now."): "'bad' between underscores is still written",
+    ("language:response_language", GERMAN_THEN_ENGLISH): (
+        "the last third is English (IFEval's langdetect reads only the first 10,000 characters)"
+    ),
     ("language:response_language", "12345 67890"): (
         "a reply with no letters is in no language (IFEval counts undetectable text as followed)"
     ),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from cascade.domains.if_rules.core import Rule, is_bulleted, register, word_keys, words
+from cascade.domains.if_rules.core import Rule, is_bulleted, mentions_word, register, word_keys, words
 
 
 def _is_cased(char: str) -> bool:
@@ -118,11 +118,14 @@ class IncludeWord(Rule):
 class ExcludeWord(Rule):
     name = "exclude_word"
     template = "Avoid {word}."
-    description = "`word` does not appear as a whole word (case-insensitive; nor as a possessive `word's`)."
+    description = (
+        "`word` does not appear as a whole word, case-insensitive, nor as a whole part of a word "
+        "joined by apostrophes or `_` (`word's`, `word'd`, `word_x`): `mentions_word`."
+    )
     arguments = {"word": str}
 
     def check(self, response: str) -> bool:
-        return self.params["word"].lower() not in word_keys(response)
+        return not mentions_word(response, self.params["word"])
 
 
 @register

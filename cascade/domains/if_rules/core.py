@@ -32,6 +32,28 @@ def word_keys(text: str) -> list[str]:
     return [word_key(w) for w in words(text)]
 
 
+_WORD_JOINERS = re.compile(r"['\u2019_]")
+
+
+def _parts(word: str) -> list[str]:
+    return _WORD_JOINERS.split(word.lower())
+
+
+def mentions_word(text: str, word: str) -> bool:
+    """Whether `word` is written in `text`, read the way a forbidden word is: case-insensitive, as
+    a whole word or as a whole part of a word joined by apostrophes or `_` (`bad's`, `bad'd`,
+    `bad've`, `bad_stuff`, `_bad_` all write `bad`; `badge` does not). IFEval's reference
+    (`\bbad\b`) finds the apostrophe forms; it misses the `_` forms, since `_` is a word character
+    to `\b`: here a word hidden in an identifier is still written."""
+    target = _parts(word)
+    size = len(target)
+    for candidate in words(text):
+        parts = _parts(candidate)
+        if any(parts[i : i + size] == target for i in range(len(parts) - size + 1)):
+            return True
+    return False
+
+
 def is_bulleted(line: str) -> bool:
     """Whether `line` is a `- ` bullet (leading blanks allowed)."""
     return BULLET_RE.match(line.lstrip()) is not None

@@ -293,6 +293,8 @@ class SectionCount(_CountRule):
 # --------------------------------------------------------------------------- whole-response formats
 
 CONSTRAINED_OPTIONS = ("My answer is yes.", "My answer is no.", "My answer is maybe.")
+_OPTION_NAMED = re.compile(r"\bmy\s+answer\s+is\s+(yes|no|maybe)\b", re.IGNORECASE)
+"""An option named in any case or punctuation (`MY ANSWER IS NO!`): a second one voids the answer."""
 
 
 @register
@@ -331,12 +333,15 @@ class ConstrainedResponse(Rule):
     template = "Answer with one of: My answer is yes. / My answer is no. / My answer is maybe."
     description = (
         "Contains exactly one of the fixed options `My answer is yes.`, `... no.`, `... maybe.` "
-        "(repeating it is fine; giving two or all of them answers nothing)."
+        "(repeating it is fine; naming two or all of them answers nothing, in whatever case or "
+        "punctuation the other one is written: `My answer is yes. My answer is no!` fails)."
     )
     arguments = {}
 
     def check(self, response: str) -> bool:
-        return sum(1 for option in CONSTRAINED_OPTIONS if option in response) == 1
+        given = {option for option in CONSTRAINED_OPTIONS if option in response}
+        named = {m.group(1).lower() for m in _OPTION_NAMED.finditer(response)}
+        return len(given) == 1 and len(named) == 1
 
 
 # --------------------------------------------------------------------------- language, bullets, nth paragraph
@@ -348,7 +353,8 @@ class ResponseLanguage(Rule):
     template = "Your entire response should be in the language with ISO 639-1 code {language}."
     description = (
         "`langdetect` (seeded, so the verdict is the same every time) names `language` as the "
-        "response's language. A response with nothing to detect (no letters) is in no language."
+        "language of every part of the response (consecutive windows of 2,000+ characters covering "
+        "all of it). A response with nothing to detect (no letters) is in no language."
     )
     arguments = {"language": str}
 
@@ -356,9 +362,9 @@ class ResponseLanguage(Rule):
         _require_text(self, "language")
 
     def check(self, response: str) -> bool:
-        from cascade.domains.if_rules.language import detect_language
+        from cascade.domains.if_rules.language import in_language
 
-        return detect_language(response) == self.params["language"]
+        return in_language(response, self.params["language"])
 
 
 @register
@@ -370,9 +376,9 @@ class EnglishUppercase(AllUppercase):
     )
 
     def check(self, response: str) -> bool:
-        from cascade.domains.if_rules.language import detect_language
+        from cascade.domains.if_rules.language import in_language
 
-        return super().check(response) and detect_language(response) == "en"
+        return super().check(response) and in_language(response, "en")
 
 
 @register
@@ -384,9 +390,9 @@ class EnglishLowercase(AllLowercase):
     )
 
     def check(self, response: str) -> bool:
-        from cascade.domains.if_rules.language import detect_language
+        from cascade.domains.if_rules.language import in_language
 
-        return super().check(response) and detect_language(response) == "en"
+        return super().check(response) and in_language(response, "en")
 
 
 @register
