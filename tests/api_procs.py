@@ -1,7 +1,11 @@
 """The control plane as a real subprocess on a free port, over its own fresh Postgres schema.
 
 `python -m services.api.main` is started in its own session (its pid is its process group) and
-stopped by that pid, never by name. Its settings file holds one write and one read token.
+stopped by that pid, never by name. Its settings file holds one write and one read token, and
+path roots (`paths`) that admit what the tests create cascades with: every root is the system's
+temporary directory (where pytest's tmp_path lives), and relative paths in a config are taken
+from the server's own log directory (so `tiny_config`'s `models/tiny` and the default `runs`
+land in it).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -25,6 +30,7 @@ import pg_schema
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
+TEMP_ROOT = str(Path(tempfile.gettempdir()).resolve())
 WRITE_TOKEN = "write-" + uuid.uuid4().hex  # random per session: the log test greps for them
 READ_TOKEN = "read-" + uuid.uuid4().hex
 
@@ -47,12 +53,17 @@ class ApiServer:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.db_url = db_url
+        self.base_dir = log_dir.resolve()
+        """What the server resolves a config's relative paths from."""
+        paths = {"base_dir": str(self.base_dir), "runs_root": TEMP_ROOT}
+        paths |= {"model_roots": [TEMP_ROOT], "data_roots": [TEMP_ROOT]}
         settings = {
             "tokens": [
                 {"name": "alice", "role": "write", "token_env": "TEST_API_WRITE_TOKEN"},
                 {"name": "viewer", "role": "read", "token": READ_TOKEN},
             ],
             "db_wait_s": 10,
+            "paths": paths,
             **(extra or {}),
         }
         config = log_dir / f"{name}-settings.yaml"

@@ -10,7 +10,7 @@ split by section: `base` (the strict model, domain names), `domains` (prompt sou
 advance rule), `stage` (GRPO, filters, distillation, `StageConfig`), `run` (model, chat,
 checkpoints, lease, resilience, learner, rollout), `vllm` (the vLLM engine), `tracking` (the
 trackers), `cascade` (`CascadeConfig` and its overrides). Apart from the schema: `loader` (the
-hardened YAML/JSON loader and `ConfigError`), `paths` (what the config names on disk) and `diff`
+hardened YAML/JSON loader and `ConfigError`), `paths` (what the config names on disk, resolved) and `diff`
 (which settings change training, their hash).
 """
 
@@ -50,7 +50,14 @@ from cascade.config.loader import (
     parse_cascade_yaml,
     parse_domain_config,
 )
-from cascade.config.paths import check_paths
+from cascade.config.paths import (
+    ConfigPath,
+    PathKind,
+    check_paths,
+    config_paths,
+    resolve_path,
+    with_resolved_paths,
+)
 from cascade.config.run import (
     DEVICE_PATTERN,
     ChatConfig,
@@ -79,6 +86,7 @@ __all__ = [
     "CheckpointConfig",
     "CodeReward",
     "ConfigError",
+    "ConfigPath",
     "ConstantSchedule",
     "CosineSchedule",
     "DistillConfig",
@@ -96,6 +104,7 @@ __all__ = [
     "MathReward",
     "ModelConfig",
     "NestingTooDeep",
+    "PathKind",
     "PromptSource",
     "ResilienceConfig",
     "RewardConfig",
@@ -111,6 +120,7 @@ __all__ = [
     "VllmEngineConfig",
     "check_json_depth",
     "check_paths",
+    "config_paths",
     "device_setting",
     "load_cascade_config",
     "metric_k",
@@ -119,6 +129,8 @@ __all__ = [
     "parse_cascade_yaml",
     "parse_domain_config",
     "parse_watched_metric",
+    "resolve_path",
     "with_learner_device",
+    "with_resolved_paths",
     "with_tracking",
 ]

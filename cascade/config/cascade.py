@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from cascade.config.base import StrictModel
 from cascade.config.domains import DomainConfig
@@ -22,9 +22,14 @@ from cascade.config.run import (
 from cascade.config.stage import StageConfig
 from cascade.config.tracking import BackendName, TrackingConfig
 
+DIRECTORY_NAMES = (".", "..")
+"""Names the pattern admits that name a directory instead of one in `output_dir`."""
+
 
 class CascadeConfig(StrictModel):
     name: str = Field(..., min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    """Also the run directory's name (`<output_dir>/<name>`): letters, digits, `_`, `.`, `-`,
+    and never `.` or `..` (they would name `output_dir` itself or its parent)."""
     seed: int = 0
     model: ModelConfig
     chat: ChatConfig = ChatConfig()
@@ -39,6 +44,15 @@ class CascadeConfig(StrictModel):
     tracking: TrackingConfig = TrackingConfig()
     """Experiment trackers (TensorBoard, MLflow, W&B): none by default."""
     output_dir: Path = Path("runs")
+
+    @field_validator("name")
+    @classmethod
+    def _not_a_directory(cls, value: str) -> str:
+        if value in DIRECTORY_NAMES:
+            raise ValueError(
+                f"{value!r} names a directory, not a run in it (the run directory is <output_dir>/<name>)"
+            )
+        return value
 
     @model_validator(mode="after")
     def _check_domains(self) -> CascadeConfig:

@@ -1,8 +1,15 @@
-"""What a valid config names on disk and is not there (`cascade validate`, `cascade run`)."""
+"""What a config names on disk: what is missing (`check_paths`: `cascade validate`, `cascade
+run`), and every path it names, resolved (`config_paths`, `with_resolved_paths`: the control
+plane confines them to its roots, the runner's config diff compares them)."""
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel
 
 from cascade.config.cascade import CascadeConfig
 from cascade.config.domains import JsonlPrompts, RlhfReward
@@ -50,3 +57,102 @@ def check_paths(cfg: CascadeConfig) -> list[str]:
     if cfg.output_dir.exists() and not cfg.output_dir.is_dir():
         problems.append(f"output_dir: {shown(cfg.output_dir)} exists and is not a directory")
     return problems
+
+
+# --------------------------------------------------------------------------- every path, resolved
+
+PathKind = Literal["output", "model", "data"]
+"""What the runner does with a path: writes under it (`output`: the run directory's parent,
+tracker directories and stores), reads a model or tokenizer from it (`model`), reads prompts
+from it (`data`)."""
+
+
+@dataclass(frozen=True)
+class ConfigPath:
+    """One path a config names: its dotted field, where it sits in the config, what it holds."""
+
+    field: str
+    loc: tuple[str | int, ...]
+    path: Path
+    kind: PathKind
+
+
+def resolve_path(path: Path | str, base: Path) -> Path:
+    """`path` as the runner's file system calls will see it: absolute from `base` (a relative
+    path), `..` taken away and every symlink on it followed as far as it exists
+    (`os.path.realpath`). ValueError for a path no file system call accepts (a NUL byte)."""
+    try:
+        return Path(os.path.realpath(base / path))
+    except (ValueError, OSError) as err:
+        raise ValueError(f"not a usable path ({err})") from None
+
+
+def _kind(loc: tuple[str | int, ...]) -> PathKind:
+    if loc[:1] == ("model",) or (loc[:1] == ("domains",) and loc[2:3] == ("reward",)):
+        return "model"  # the policy, a reward model, a judge, a chat template's tokenizer
+    if loc[:1] == ("domains",) and loc[2:3] == ("prompts",):
+        return "data"
+    # output_dir, tracking.* and any Path field added later without a place here: the strictest
+    return "output"
+
+
+_MLFLOW_FILE_STORES = ("sqlite:///", "file://", "file:")
+
+
+def _mlflow_local_store(uri: str) -> tuple[str, str] | None:
+    """A tracking URI that MLflow opens as a local file or directory: (its prefix, the path);
+    None for a server, a database or Databricks."""
+    for prefix in _MLFLOW_FILE_STORES:
+        if uri.startswith(prefix):
+            return prefix, uri[len(prefix) :]
+    if "://" in uri or uri.startswith("databricks"):
+        return None
+    return "", uri  # a bare path: MLflow's file store
+
+
+def config_paths(cfg: CascadeConfig) -> list[ConfigPath]:
+    """Every path `cfg` names, in field order: each `Path` field at any depth (lists and
+    mappings included) and `tracking.mlflow.tracking_uri` when it is a local store."""
+    out: list[ConfigPath] = []
+
+    def walk(value: object, loc: tuple[str | int, ...]) -> None:
+        if isinstance(value, Path):
+            out.append(ConfigPath(".".join(map(str, loc)), loc, value, _kind(loc)))
+        elif isinstance(value, BaseModel):
+            for name in type(value).model_fields:
+                walk(getattr(value, name), (*loc, name))
+        elif isinstance(value, list | tuple):
+            for i, item in enumerate(value):
+                walk(item, (*loc, i))
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                walk(item, (*loc, str(key)))
+
+    walk(cfg, ())
+    uri = cfg.tracking.mlflow.tracking_uri
+    store = _mlflow_local_store(uri) if uri else None
+    if store is not None:
+        loc = ("tracking", "mlflow", "tracking_uri")
+        out.append(ConfigPath(".".join(loc), loc, Path(store[1]), "output"))
+    return out
+
+
+def with_resolved_paths(cfg: CascadeConfig, base: Path) -> CascadeConfig:
+    """`cfg` with every path it names (`config_paths`) replaced by `resolve_path(path, base)`:
+    what is checked is then what the runner opens, from whichever directory it runs.
+    ValueError names the field of a path that cannot be resolved."""
+    data = cfg.model_dump(mode="json")
+    for entry in config_paths(cfg):
+        try:
+            resolved = str(resolve_path(entry.path, base))
+        except ValueError as err:
+            raise ValueError(f"{entry.field}: {err}") from None
+        if entry.field == "tracking.mlflow.tracking_uri":
+            store = _mlflow_local_store(cfg.tracking.mlflow.tracking_uri or "")
+            assert store is not None
+            resolved = store[0] + resolved if store[0] else resolved
+        parent: Any = data
+        for key in entry.loc[:-1]:
+            parent = parent[key]
+        parent[entry.loc[-1]] = resolved
+    return CascadeConfig.model_validate(data)

@@ -2,21 +2,22 @@
 
 `create_app` wires the routers, maps the store's exceptions to HTTP (NotFound 404,
 IllegalTransition 409 with the current state, ConfigError 422 naming the field), counts
-every request for Prometheus (an unexpected error too, as the 500 it is answered with), serves
-the dashboard and the OpenAPI UIs from local assets (no CDN: `/docs` works offline), and puts
-the cascade config's JSON schema in the OpenAPI document so clients (and schemathesis) see what
-a create request takes.
+every request for Prometheus (an unexpected error too, as the 500 it is answered with; every
+label from a bounded set: known methods else `other`, route templates else `unmatched`),
+bounds how long a request body may take (408), puts security headers on every response
+(`middleware`), serves the dashboard and the OpenAPI UIs from local assets (no CDN: `/docs`
+works offline), and puts the cascade config's JSON schema in the OpenAPI document so clients
+(and schemathesis) see what a create request takes.
 """
 
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from importlib import resources
 from typing import Any
 
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI, Request
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import HTMLResponse, JSONResponse
@@ -28,8 +29,10 @@ from sqlalchemy.exc import DataError, OperationalError
 from cascade.config import CascadeConfig, ConfigError
 from cascade.store.lifecycle import IllegalTransition, NotFound
 from services.api import routes_cascades, routes_ops, routes_stages
+from services.api.middleware import BodyTimeout, RequestMetrics, SecurityHeaders
+from services.api.paths import PathRoots
 from services.api.routes_ops import STATIC
-from services.api.settings import ApiLimits, TokenTable
+from services.api.settings import ApiLimits, ApiPaths, TokenTable
 
 API_VERSION = "1"
 DOCS_ASSETS = "/docs/assets"
@@ -74,20 +77,7 @@ def _install_metrics(app: FastAPI, registry: CollectorRegistry) -> None:
         "cascade_api_requests", "HTTP requests answered", ["method", "route", "status"], registry=registry
     )
     latency = Histogram("cascade_api_request_seconds", "request latency", ["route"], registry=registry)
-
-    @app.middleware("http")
-    async def count(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        start = time.perf_counter()
-        try:
-            response = await call_next(request)
-        except Exception:  # noqa: BLE001 - a bug: answered (and counted) as the 500 it is
-            log.exception("unhandled error on %s %s", request.method, request.url.path)
-            response = JSONResponse({"detail": "internal server error"}, status_code=500)
-        route = request.scope.get("route")
-        template = getattr(route, "path", "unmatched")
-        requests.labels(request.method, template, str(response.status_code)).inc()
-        latency.labels(template).observe(time.perf_counter() - start)
-        return response
+    app.add_middleware(RequestMetrics, requests=requests, latency=latency)
 
 
 def _install_docs(app: FastAPI) -> None:
@@ -141,7 +131,11 @@ def _openapi(app: FastAPI) -> Callable[[], dict[str, Any]]:
     return build
 
 
-def create_app(engine: Engine, tokens: TokenTable, limits: ApiLimits | None = None) -> FastAPI:
+def create_app(
+    engine: Engine, tokens: TokenTable, limits: ApiLimits | None = None, paths: PathRoots | None = None
+) -> FastAPI:
+    """`paths`: the roots a created cascade's paths must stay in (default: `ApiPaths()`'s, from
+    the working directory)."""
     app = FastAPI(
         title="Cascade control plane",
         version=API_VERSION,
@@ -154,9 +148,13 @@ def create_app(engine: Engine, tokens: TokenTable, limits: ApiLimits | None = No
     app.state.engine = engine
     app.state.tokens = tokens
     app.state.limits = limits or ApiLimits()
+    app.state.paths = paths or PathRoots.from_settings(ApiPaths())
     app.state.registry = CollectorRegistry()
     _install_error_handlers(app)
     _install_metrics(app, app.state.registry)
+    # added last = outermost: headers on every answer (a 408 too), the body bound around the count
+    app.add_middleware(BodyTimeout, timeout_s=app.state.limits.body_timeout_s)
+    app.add_middleware(SecurityHeaders)
     _install_docs(app)
     app.include_router(routes_cascades.router)
     app.include_router(routes_stages.router)

@@ -41,11 +41,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from services.api.settings import SettingsError, TokenTable, load_settings
+    from services.api.paths import PathRoots
+    from services.api.settings import SettingsError, TokenTable, load_settings, with_environment
 
     try:
-        settings = load_settings(args.config)
+        settings = with_environment(load_settings(args.config))
         tokens = TokenTable.from_settings(settings)
+        roots = PathRoots.from_settings(settings.paths)
     except SettingsError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -60,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     from cascade.store.db import make_engine
     from services.api.app import create_app
 
-    engine = make_engine(url)
+    engine = make_engine(url, **_connect_args(url))
     shown = engine.url.render_as_string(hide_password=True)
     try:
         migrate.wait_for_database(engine, timeout_s=settings.db_wait_s)
@@ -71,10 +73,28 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     log.info("database %s at schema revision %s", shown, migrate.current_revision(engine))
     log.info("write/read tokens: %s", tokens.describe())
-    app = create_app(engine, tokens, settings.limits)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level.lower())
+    log.info("created cascades' paths: %s", roots.describe())
+    app = create_app(engine, tokens, settings.limits, roots)
+    # uvicorn bounds an idle keep-alive connection (timeout_keep_alive); the body's arrival is
+    # bounded by the app (limits.body_timeout_s, services/api/middleware.py)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level.lower(), timeout_keep_alive=5)
     engine.dispose()
     return 0
+
+
+CONNECT_TIMEOUT_S = 5
+"""How long a new connection to Postgres may take (a readiness probe on an unreachable host
+answers 503 in that time instead of hanging on the operating system's TCP timeout)."""
+
+
+def _connect_args(url: str) -> dict[str, object]:
+    """`connect_timeout` for a PostgreSQL URL that does not set its own."""
+    from cascade.store.db import normalize_url
+
+    parsed = normalize_url(url)
+    if parsed.get_backend_name() != "postgresql" or "connect_timeout" in parsed.query:
+        return {}
+    return {"connect_args": {"connect_timeout": CONNECT_TIMEOUT_S}}
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ checkpoints and tables are per run (an ablation has two): `run_id` picks one, el
 from __future__ import annotations
 
 from collections import Counter
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import func, select
@@ -25,7 +26,6 @@ from cascade.store.models import (
     RunLease,
     Stage,
     Step,
-    utcnow,
 )
 from services.api import actions, schemas
 from services.api.run_health import run_health
@@ -64,12 +64,14 @@ def run_out(
     stages: list[Stage] | None = None,
     health_events: list[Event] | None = None,
     heartbeat_s: float = 5.0,
+    *,
+    now: datetime,
 ) -> schemas.RunOut:
     """The run as stored, with `stalled` derived from the cascade's lease: a running run whose
     stage is running but that no live runner holds, or whose stage is paused and whose runner
     died holding it (a runner that stopped cleanly at the pause released its lease)."""
     mine = lease if lease is not None and lease.run_id == run.id else None
-    live = leases.is_live(mine)
+    live = leases.is_live(mine, now)  # the database's clock: a writer's skew changes nothing
     status = run.status
     states = {s.state for s in stages or []}
     died_paused = "paused" in states and mine is not None
@@ -89,12 +91,13 @@ def run_out(
         output_dir=run.output_dir,
         holder=holder,
         heartbeat_at=mine.heartbeat_at if mine is not None else None,
-        **_health(run, mine if holder is not None else None, health_events or [], heartbeat_s),
+        **_health(run, mine if holder is not None else None, health_events or [], heartbeat_s, now),
     )
 
 
-def _health(run: Run, live: RunLease | None, events: list[Event], heartbeat_s: float) -> dict[str, Any]:
-    now = utcnow()
+def _health(
+    run: Run, live: RunLease | None, events: list[Event], heartbeat_s: float, now: datetime
+) -> dict[str, Any]:
     degraded, outages = run_health(run.id, events, live, heartbeat_s=heartbeat_s, now=now)
     age = None if live is None else round((now - live.heartbeat_at).total_seconds(), 1)
     return {"degraded": degraded, "outages": outages, "heartbeat_age_s": age}
@@ -129,7 +132,8 @@ def cascade_detail(session: Session, cascade_id: int) -> schemas.CascadeOut:
     runs = list(session.scalars(select(Run).where(Run.cascade_id == cascade_id).order_by(Run.id)))
     stage_rows = repo.list_stages(session, cascade_id=cascade_id)
     lease = leases.lease_of(session, cascade_id)
-    offered = actions.cascade_actions(cascade, stage_rows, runs, runner_live=leases.is_live(lease))
+    now = leases.db_now(session)
+    offered = actions.cascade_actions(cascade, stage_rows, runs, runner_live=leases.is_live(lease, now))
     health = list(
         session.scalars(
             select(Event)
@@ -144,7 +148,7 @@ def cascade_detail(session: Session, cascade_id: int) -> schemas.CascadeOut:
         created_at=cascade.created_at,
         config=cascade.config if isinstance(cascade.config, dict) else {},
         stages=[stage_out(s, cascade) for s in stage_rows],
-        runs=[run_out(r, lease, stage_rows, health, _heartbeat_s(cascade)) for r in runs],
+        runs=[run_out(r, lease, stage_rows, health, _heartbeat_s(cascade), now=now) for r in runs],
         actions=offered,
     )
 

@@ -1,6 +1,9 @@
 """Cascade routes: create from a config (JSON or YAML), list, read everything a run recorded,
 abort, and delete a finished one. Reads need no token; create, abort and delete need a `write`
-token. Request bodies are bounded (`limits` in the settings): size (413) and nesting (422)."""
+token. Request bodies are bounded (`limits` in the settings): size (413), nesting (422) and the
+time they take to arrive (408, `middleware.BodyTimeout`). A created config's paths are resolved
+and must stay in the settings' roots (`paths`, 422 naming the field); it is stored resolved.
+Configs and event details are served with their secrets masked (`redact`)."""
 
 from __future__ import annotations
 
@@ -16,6 +19,8 @@ from cascade.store.lifecycle import get_row
 from cascade.store.models import Cascade
 from services.api import queries, schemas
 from services.api.deps import EngineDep, LimitsDep, WriterDep, unit_of_work
+from services.api.paths import PathRoots, confine
+from services.api.redact import redact
 from services.api.settings import ApiLimits
 
 router = APIRouter(prefix="/api/cascades", tags=["cascades"])
@@ -49,7 +54,13 @@ def _check_storable(cfg: CascadeConfig, limits: ApiLimits) -> None:
             raise ConfigError(f"body: stages.{i}.name: at most {NAME_LIMITS['stage']} printable characters")
 
 
-def _parse_body(raw: bytes, content_type: str, limits: ApiLimits) -> CascadeConfig:
+def _served(detail: schemas.CascadeOut) -> schemas.CascadeOut:
+    """A cascade as anyone may read it: its config's secrets and its runs' outage causes masked."""
+    runs = [r.model_copy(update={"degraded": redact(r.degraded)}) for r in detail.runs]
+    return detail.model_copy(update={"config": redact(detail.config), "runs": runs})
+
+
+def _parse_body(raw: bytes, content_type: str, limits: ApiLimits, roots: PathRoots) -> CascadeConfig:
     kind = content_type.split(";")[0].strip().lower() or "application/json"
     if kind not in YAML_TYPES and kind != "application/json":
         raise HTTPException(
@@ -66,7 +77,7 @@ def _parse_body(raw: bytes, content_type: str, limits: ApiLimits) -> CascadeConf
     else:
         cfg = parse_cascade_json(text, "body", max_depth=depth)
     _check_storable(cfg, limits)
-    return cfg
+    return confine(cfg, roots)
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -109,22 +120,26 @@ _CREATE_BODY = {
     responses={
         401: {"model": schemas.ErrorOut},
         403: {"model": schemas.ErrorOut},
+        408: {"model": schemas.ErrorOut, "description": "body not received within limits.body_timeout_s"},
         413: {"model": schemas.ErrorOut, "description": "body larger than limits.max_body_bytes"},
         415: {"model": schemas.ErrorOut},
         422: {
             "model": schemas.ConfigErrorOut,
-            "description": "invalid config; names the field, or the bound it passed (nesting, stages)",
+            "description": "invalid config; names the field, the bound it passed (nesting, stages), or "
+            "the path that resolves outside the API's roots (paths)",
         },
     },
 )
 async def create_cascade(
     request: Request, engine: EngineDep, who: WriterDep, limits: LimitsDep
 ) -> schemas.CascadeOut:
-    """Create a cascade and its pending stages (nothing runs until a stage is started)."""
+    """Create a cascade and its pending stages (nothing runs until a stage is started). Its
+    paths are resolved and must lie in the API's roots (`paths` in its settings); the config is
+    stored with them resolved."""
     raw = await _read_body(request, limits.max_body_bytes)
     content_type = request.headers.get("content-type", "")
     # ConfigError -> 422 naming the field or the bound (app.py); parsed off the event loop
-    cfg = await run_in_threadpool(_parse_body, raw, content_type, limits)
+    cfg = await run_in_threadpool(_parse_body, raw, content_type, limits, request.app.state.paths)
 
     def create() -> schemas.CascadeOut:
         with unit_of_work(engine) as s:
@@ -134,7 +149,7 @@ async def create_cascade(
                 s, cascade_id=cascade.id, kind="created", actor=who.actor, detail={"stages": len(cfg.stages)}
             )
             s.flush()
-            return queries.cascade_detail(s, cascade.id)
+            return _served(queries.cascade_detail(s, cascade.id))
 
     return await run_in_threadpool(create)
 
@@ -152,8 +167,9 @@ def list_cascades(
 
 @router.get("/{cascade_id}", response_model=schemas.CascadeOut, responses=_404)
 def get_cascade(cascade_id: Id, engine: EngineDep) -> schemas.CascadeOut:
+    """The cascade, its stages and runs, and its config (secrets masked)."""
     with unit_of_work(engine) as s:
-        return queries.cascade_detail(s, cascade_id)
+        return _served(queries.cascade_detail(s, cascade_id))
 
 
 @router.delete(
@@ -180,10 +196,12 @@ def delete_cascade(cascade_id: Id, engine: EngineDep, who: WriterDep) -> schemas
 
 @router.get("/{cascade_id}/config", response_model=schemas.ConfigOut, responses=_404)
 def get_config(cascade_id: Id, engine: EngineDep) -> schemas.ConfigOut:
-    """The cascade's whole validated config as stored, and the hash of its training settings."""
+    """The cascade's whole validated config as stored (paths resolved, secrets masked: the
+    password of a URL, values of keys named like `token`, `password`, `secret`), and the hash of
+    its training settings."""
     with unit_of_work(engine) as s:
         cascade = get_row(s, Cascade, cascade_id)
-        config = cascade.config if isinstance(cascade.config, dict) else {}
+        config = redact(cascade.config) if isinstance(cascade.config, dict) else {}
         return schemas.ConfigOut(cascade_id=cascade.id, config=config, config_hash=cascade.config_hash)
 
 
@@ -241,9 +259,11 @@ def events(
     limit: Annotated[int, Query(ge=1, le=10_000)] = 200,
     after_id: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0,
 ) -> list[schemas.EventOut]:
-    """The append-only log: every transition and request and who asked (the latest `limit`)."""
+    """The append-only log: every transition and request and who asked (the latest `limit`;
+    secrets in details masked)."""
     with unit_of_work(engine) as s:
-        return queries.events(s, cascade_id, limit=limit, after_id=after_id)
+        rows = queries.events(s, cascade_id, limit=limit, after_id=after_id)
+    return [e.model_copy(update={"detail": redact(e.detail)}) for e in rows]
 
 
 @router.post(

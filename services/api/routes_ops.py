@@ -7,6 +7,7 @@ from pathlib import Path
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import FileResponse, JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sqlalchemy import literal, select
 from sqlalchemy.exc import SQLAlchemyError
 
 from services.api import queries, schemas
@@ -20,8 +21,12 @@ router = APIRouter()
     "/health", response_model=schemas.HealthOut, tags=["ops"], responses={503: {"model": schemas.HealthOut}}
 )
 def health(engine: EngineDep) -> schemas.HealthOut | JSONResponse:
+    """Readiness: 200 while the database answers a query, else 503 (`database: unreachable`).
+    The query comes first and is not guarded: the schema revision's own fallback (a database
+    without Alembic's table) must not hide a database that is down."""
     try:
         with unit_of_work(engine) as s:
+            s.execute(select(literal(1))).scalar_one()
             revision = queries.schema_revision(s)
     except SQLAlchemyError:
         body = schemas.HealthOut(status="degraded", database="unreachable", schema_revision=None)

@@ -1,4 +1,5 @@
-"""The control plane's configuration: the database and the bearer tokens (YAML, typed).
+"""The control plane's configuration: the database, the bearer tokens, the bounds on requests
+and the roots a created cascade's paths must stay in (YAML, typed).
 
 Tokens are `SecretStr` from the moment they are read, so a repr, a log line or a validation
 error never shows one; a token may be written inline or, better, named by environment variable.
@@ -8,14 +9,20 @@ database_url: postgresql://cascade@db:5432/cascade
 tokens:
   - {name: alice, role: write, token_env: CASCADE_TOKEN_ALICE}
   - {name: dashboard, role: read, token_env: CASCADE_TOKEN_DASHBOARD, optional: true}
-limits: {max_body_bytes: 1000000, max_config_depth: 64, max_stages_per_cascade: 64}
+limits: {max_body_bytes: 1000000, max_config_depth: 64, max_stages_per_cascade: 64, body_timeout_s: 30}
+paths: {runs_root: /checkpoints/runs, model_roots: [/models], data_roots: [/data]}
 ```
+
+Environment variables override the file (`with_environment`): CASCADE_API_BASE_DIR,
+CASCADE_API_RUNS_ROOT, CASCADE_API_MODEL_ROOTS and CASCADE_API_DATA_ROOTS (several roots
+separated by `:`), CASCADE_API_BODY_TIMEOUT_S.
 """
 
 from __future__ import annotations
 
 import hmac
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -85,6 +92,31 @@ class ApiLimits(BaseModel):
     ones get 422 before they are parsed further."""
     max_stages_per_cascade: int = Field(64, ge=1, le=10_000)
     """Most stages one cascade may have (422 past it)."""
+    body_timeout_s: float = Field(30.0, gt=0, le=3600)
+    """Longest a request body may take to arrive, from the request's headers to its last byte;
+    past it the request is answered 408 and the connection closed (a client that sends part of
+    a body and stalls holds nothing longer)."""
+
+
+class ApiPaths(BaseModel):
+    """Where the paths of a config created through the API may point. Every path in it is
+    resolved (made absolute from `base_dir`, `..` and symlinks resolved) and stored resolved, so
+    the runner opens what was checked wherever it runs; one outside its roots is a 422 naming
+    the field. Relative roots are taken from `base_dir` too. The CLI (`cascade run config.yaml`)
+    is not confined: its user chose the paths."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    base_dir: Path | None = None
+    """What relative paths are taken from; default: the API's working directory."""
+    runs_root: Path = Path("runs")
+    """`output_dir` (so every run directory, `<output_dir>/<name>`) and the trackers' local
+    output (TensorBoard's `log_dir`, W&B's `dir`, a file or SQLite MLflow store) must be in it."""
+    model_roots: list[Path] = Field(default_factory=lambda: [Path("models")], min_length=1)
+    """The policy (`model.path`), reward and judge models and chat-template tokenizers must be
+    in one of these."""
+    data_roots: list[Path] = Field(default_factory=lambda: [Path("data")], min_length=1)
+    """Prompt files and data sets (`domains.*.prompts`) must be in one of these."""
 
 
 class ApiSettings(BaseModel):
@@ -96,6 +128,40 @@ class ApiSettings(BaseModel):
     db_wait_s: float = Field(30.0, ge=0)
     """How long start-up waits for the database before giving up."""
     limits: ApiLimits = ApiLimits()
+    paths: ApiPaths = ApiPaths()
+
+
+ENV_PATHS = {
+    "CASCADE_API_BASE_DIR": "base_dir",
+    "CASCADE_API_RUNS_ROOT": "runs_root",
+    "CASCADE_API_MODEL_ROOTS": "model_roots",
+    "CASCADE_API_DATA_ROOTS": "data_roots",
+}
+"""Environment variables that override `paths` (the lists: roots separated by `os.pathsep`)."""
+ENV_BODY_TIMEOUT = "CASCADE_API_BODY_TIMEOUT_S"
+
+
+def with_environment(settings: ApiSettings, environ: Mapping[str, str] | None = None) -> ApiSettings:
+    """`settings` with the environment's CASCADE_API_* path roots and body timeout over the
+    file's (an empty variable is ignored). SettingsError names a bad one."""
+    env = os.environ if environ is None else environ
+    paths = settings.paths.model_dump()
+    for var, name in ENV_PATHS.items():
+        value = env.get(var, "")
+        if value:
+            paths[name] = [p for p in value.split(os.pathsep) if p] if name.endswith("_roots") else value
+    limits = settings.limits.model_dump()
+    if env.get(ENV_BODY_TIMEOUT):
+        limits["body_timeout_s"] = env[ENV_BODY_TIMEOUT]
+    try:
+        return settings.model_copy(
+            update={"paths": ApiPaths.model_validate(paths), "limits": ApiLimits.model_validate(limits)}
+        )
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        var = next((v for v, n in ENV_PATHS.items() if where.startswith(n)), ENV_BODY_TIMEOUT)
+        raise SettingsError(f"{var}: {where}: {first['msg']}") from None
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from api_procs import READ_TOKEN, WRITE_TOKEN, ApiServer, fresh_schema, running_
 from api_seed import seed
 from sqlalchemy import Engine
 
-from cascade.config import ConfigError, parse_cascade_config
+from cascade.config import ConfigError, parse_cascade_config, with_resolved_paths
 from cascade.store import leases, migrate, repo
 from cascade.store.db import make_engine, session_scope
 
@@ -111,7 +111,10 @@ def test_create_from_json_and_yaml(api: ApiServer) -> None:
     assert [(s["index"], s["name"], s["state"], s["max_steps"]) for s in body["stages"]] == [
         (0, "math", "pending", 10), (1, "code", "pending", 10), (2, "if", "pending", 10),
     ]  # fmt: skip
-    assert body["config"] == parse_cascade_config(cfg).model_dump(mode="json")
+    # stored with its paths resolved from the server's base_dir (services/api/paths.py)
+    resolved = with_resolved_paths(parse_cascade_config(cfg), api.base_dir)
+    assert body["config"] == resolved.model_dump(mode="json")
+    assert body["config"]["model"]["path"] == str(api.base_dir / "models" / "tiny")
     text = yaml.safe_dump(tiny_config("from-yaml"))
     status, out = api.call(
         "POST", "/api/cascades", token=WRITE_TOKEN, body=text.encode(), content_type="application/yaml"

@@ -9,14 +9,29 @@ own fresh Postgres schema (with small `limits` in its settings, so the bounds ar
 - `DELETE /api/cascades/{id}`: refused (409) while the cascade is pending or running, while a run
   of it runs, while a live runner holds its lease; else every row under it goes, in one
   transaction; and `cascade api delete`;
-- `GET /api/cascades/{id}/config`: the stored config and its hash.
+- `GET /api/cascades/{id}/config`: the stored config and its hash;
+- a created config's paths are resolved and confined to the settings' roots (`paths`): `/etc`,
+  `../../..`, `/etc/shadow`, a symlink out of a root, a local MLflow store elsewhere, a name
+  `..`, an `output_dir` inside another run: 422 naming the field, nothing stored; what is
+  admitted is stored resolved;
+- `/health` answers 503 while the database is down (a private Postgres, stopped and started);
+- any method name and any path leave `/metrics`' series as they were (`other`, `unmatched`);
+- secrets in a stored config (a URL's password, keys named like tokens) are masked in every
+  answer the API and the dashboard read, and kept in the database for the runner;
+- a request body that stalls or trickles is cut at `limits.body_timeout_s` (408, closed);
+- every answer carries `nosniff` and frame-denying headers (`/docs`, JSON, errors, files).
 """
 
 from __future__ import annotations
 
 import http.client
 import json
+import random
 import re
+import socket
+import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +39,7 @@ from typing import Any
 
 import pytest
 import yaml
-from api_procs import READ_TOKEN, WRITE_TOKEN, ApiServer, fresh_schema, running_api, tiny_config
+from api_procs import READ_TOKEN, REPO, WRITE_TOKEN, ApiServer, fresh_schema, running_api, tiny_config
 from api_seed import seed
 from sqlalchemy import Engine, func, select
 
@@ -36,6 +51,7 @@ pytestmark = pytest.mark.postgres
 MAX_BODY = 100_000
 MAX_STAGES = 6
 DEEP = 1000
+BODY_TIMEOUT_S = 2.0
 
 
 @pytest.fixture(scope="module")
@@ -45,9 +61,22 @@ def db_url() -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def api(db_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
-    limits = {"limits": {"max_body_bytes": MAX_BODY, "max_stages_per_cascade": MAX_STAGES}}
-    with running_api(db_url, tmp_path_factory.mktemp("api"), extra=limits) as server:
+def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The server's base_dir; its roots are runs/, models/ and data/ in it."""
+    return tmp_path_factory.mktemp("confined").resolve()
+
+
+@pytest.fixture(scope="module")
+def api(db_url: str, base: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
+    limits = {
+        "max_body_bytes": MAX_BODY,
+        "max_stages_per_cascade": MAX_STAGES,
+        "body_timeout_s": BODY_TIMEOUT_S,
+    }
+    paths = {"base_dir": str(base), "runs_root": "runs", "model_roots": ["models"], "data_roots": ["data"]}
+    with running_api(
+        db_url, tmp_path_factory.mktemp("api"), extra={"limits": limits, "paths": paths}
+    ) as server:
         yield server
 
 
@@ -351,3 +380,288 @@ def test_settings_file_example_with_an_optional_token(
         SettingsError, match="CASCADE_TOKEN_ALICE is not set .* mark the token `optional: true`"
     ):
         TokenTable.from_settings(load_settings(path))
+
+
+# --------------------------------------------------------------------------- paths confined
+
+
+def _jsonl(path: str) -> Any:
+    def edit(cfg: dict[str, Any]) -> None:
+        cfg["domains"][0]["prompts"] = {"kind": "jsonl", "train_path": path, "eval_path": "data/eval.jsonl"}
+
+    return edit
+
+
+PATH_PROBES: dict[str, tuple[Any, str, str]] = {
+    # case: (edit, the field refused, the setting named)
+    "model-etc": (lambda c: c.update(model={"path": "/etc"}), "model.path", "paths.model_roots"),
+    "model-up": (lambda c: c.update(model={"path": "models/../../../.."}), "model.path", "paths.model_roots"),
+    "model-symlink": (lambda c: c.update(model={"path": "models/escape"}), "model.path", "paths.model_roots"),
+    "output-etc": (lambda c: c.update(output_dir="/etc"), "output_dir", "paths.runs_root"),
+    "output-up": (lambda c: c.update(output_dir="../../.."), "output_dir", "paths.runs_root"),
+    "shadow": (_jsonl("/etc/shadow"), "domains.0.prompts.train_path", "paths.data_roots"),
+    "data-up": (_jsonl("data/../../../../etc/passwd"), "domains.0.prompts.train_path", "paths.data_roots"),
+    "mlflow-store": (
+        lambda c: c.update(tracking={"mlflow": {"tracking_uri": "sqlite:////etc/cron.d/mlflow.db"}}),
+        "tracking.mlflow.tracking_uri",
+        "paths.runs_root",
+    ),
+    "tensorboard": (
+        lambda c: c.update(tracking={"tensorboard": {"log_dir": "runs/../elsewhere"}}),
+        "tracking.tensorboard.log_dir",
+        "paths.runs_root",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PATH_PROBES))
+def test_paths_outside_the_roots_are_refused(api: ApiServer, base: Path, case: str) -> None:
+    (base / "models").mkdir(exist_ok=True)
+    if not (base / "models" / "escape").is_symlink():
+        (base / "models" / "escape").symlink_to("/etc")  # in the root as written, /etc resolved
+    edit, field, setting = PATH_PROBES[case]
+    cfg = tiny_config(f"probe-{case}", stages=("math",))
+    edit(cfg)
+    status, body = api.call("POST", "/api/cascades", token=WRITE_TOKEN, json_body=cfg)
+    assert status == 422, body
+    assert body["field"] == field, body
+    assert f"(the API's {setting})" in body["detail"] and " resolves to " in body["detail"], body
+    _, listed = api.call("GET", "/api/cascades?limit=1000")
+    assert cfg["name"] not in {c["name"] for c in listed}  # nothing stored
+
+
+@pytest.mark.parametrize("name", ["..", "."])
+def test_a_name_that_is_a_directory_is_refused(api: ApiServer, name: str) -> None:
+    """The issue's case: name `..` with an output_dir inside another run made the run directory
+    (`<output_dir>/<name>`) that run's own; the name is refused whatever output_dir says."""
+    cfg = tiny_config(name, stages=("math",))
+    cfg["output_dir"] = "runs/other-run/sub"
+    status, body = api.call("POST", "/api/cascades", token=WRITE_TOKEN, json_body=cfg)
+    assert status == 422 and body["field"] == "name", body
+    assert "names a directory" in body["detail"]
+
+
+def test_output_inside_another_run_is_refused(api: ApiServer, base: Path) -> None:
+    victim = base / "runs" / "victim"
+    victim.mkdir(parents=True, exist_ok=True)
+    (victim / "run.json").write_text("{}")
+    for output_dir in ("runs/victim", "runs/victim/checkpoints"):
+        cfg = tiny_config("nested", stages=("math",))
+        cfg["output_dir"] = output_dir
+        status, body = api.call("POST", "/api/cascades", token=WRITE_TOKEN, json_body=cfg)
+        assert status == 422 and body["field"] == "output_dir", body
+        assert f"inside the run directory {victim}" in body["detail"]
+    cfg = tiny_config("tracker-in-victim", stages=("math",))
+    cfg["tracking"] = {"tensorboard": {"log_dir": "runs/victim/tensorboard"}}
+    status, body = api.call("POST", "/api/cascades", token=WRITE_TOKEN, json_body=cfg)
+    assert status == 422 and body["field"] == "tracking.tensorboard.log_dir", body
+
+
+def test_paths_inside_the_roots_are_stored_resolved(api: ApiServer, base: Path) -> None:
+    cfg = tiny_config("resolved", stages=("math",))
+    cfg["model"] = {"path": "models/../models/./tiny"}
+    cfg["output_dir"] = "runs/team-a/../team-b"
+    cfg["domains"][0]["prompts"] = {
+        "kind": "jsonl",
+        "train_path": "data/t.jsonl",
+        "eval_path": "data/e.jsonl",
+    }
+    cfg["tracking"] = {
+        "tensorboard": {"log_dir": "runs/team-b/resolved/tb"},  # in its own run directory
+        "mlflow": {"tracking_uri": "sqlite:///runs/mlflow.db"},
+    }
+    body = create(api, cfg)
+    _, out = api.call("GET", f"/api/cascades/{body['id']}/config")
+    stored = out["config"]
+    assert stored["model"]["path"] == str(base / "models" / "tiny")
+    assert stored["output_dir"] == str(base / "runs" / "team-b")
+    assert stored["domains"][0]["prompts"]["train_path"] == str(base / "data" / "t.jsonl")
+    assert stored["tracking"]["tensorboard"]["log_dir"] == str(base / "runs" / "team-b" / "resolved" / "tb")
+    assert stored["tracking"]["mlflow"]["tracking_uri"] == f"sqlite:///{base / 'runs' / 'mlflow.db'}"
+
+
+# --------------------------------------------------------------------------- readiness
+
+
+def test_health_fails_while_the_database_is_down(tmp_path: Path) -> None:
+    """The API on a private Postgres: ready, then 503 while it is stopped (a swallowed error
+    used to answer `database: ok`), then ready again once it is back."""
+    from private_postgres import PrivatePostgres
+
+    pg = PrivatePostgres()
+    try:
+        url = pg.database("cascade")
+        with running_api(url, tmp_path, name="api-pg") as server:
+            assert server.call("GET", "/health")[1]["database"] == "ok"
+            pg.stop()
+            status, body = server.call("GET", "/health")
+            down = {"status": "degraded", "database": "unreachable", "schema_revision": None}
+            assert (status, body) == (503, down)
+            assert server.call("GET", "/api/cascades")[0] == 503
+            pg.start()
+            deadline = time.monotonic() + 30
+            while server.call("GET", "/health")[0] != 200:
+                assert time.monotonic() < deadline, "not ready again after the database came back"
+                time.sleep(0.2)
+    finally:
+        pg.close()
+
+
+# --------------------------------------------------------------------------- bounded metrics
+
+
+def series(api: ApiServer) -> list[str]:
+    _, text = api.call("GET", "/metrics")
+    return sorted(line.rsplit(" ", 1)[0] for line in text.splitlines() if line.startswith("cascade_api_"))
+
+
+def test_method_names_and_paths_add_no_series(api: ApiServer) -> None:
+    """Any token is a valid HTTP method: each used to become a label value, kept for ever
+    (11,500 of them: a 2 MB /metrics). 200 random ones, on known and unknown paths: the same
+    series, counted under method `other` and route `unmatched`."""
+    rng = random.Random(34)
+
+    def word(n: int) -> str:
+        return "".join(rng.choice("ABCDEFGHIJKLMNOPQRSTUVWXYZ") for _ in range(n))
+
+    paths = (lambda: "/health", lambda: f"/{word(12).lower()}", lambda: f"/api/cascades/{word(6)}")
+    conn = http.client.HTTPConnection("127.0.0.1", api.port, timeout=30)
+    try:
+        for path in paths:  # the first of each kind adds its `other` series
+            conn.request("WARMUP", path())
+            conn.getresponse().read()
+        before = series(api)
+        other = counted(api, "other", "/health", 405)
+        for i in range(200):
+            conn.request(word(8 + i % 5), rng.choice(paths)())
+            conn.getresponse().read()
+    finally:
+        conn.close()
+    after = series(api)
+    assert after == before
+    methods = {m.group(1) for line in after if (m := re.search(r'method="([^"]*)"', line))}
+    assert methods <= {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "other"}, methods
+    assert counted(api, "other", "/health", 405) > other
+
+
+# --------------------------------------------------------------------------- secrets
+
+
+SECRETS = ("hunter2-mlflow-pw", "tok-0f3e9a-secret", "dbpass-77x")
+
+
+def test_secrets_in_a_config_are_masked_for_readers(api: ApiServer, engine: Engine) -> None:
+    cfg = tiny_config("with-secrets", stages=("math",))
+    cfg["tracking"] = {
+        "mlflow": {
+            "tracking_uri": f"https://bob:{SECRETS[0]}@mlflow.example.com:5000",
+            "tags": {"api_token": SECRETS[1], "team": "rl"},
+        }
+    }
+    cfg["chat"] = {"system_prompt": f"results go to postgresql://svc:{SECRETS[2]}@db/results"}
+    status, created = api.call("POST", "/api/cascades", token=WRITE_TOKEN, json_body=cfg)
+    assert status == 201, created
+    cascade_id = created["id"]
+    answers = {
+        "create": created,
+        "detail": api.call("GET", f"/api/cascades/{cascade_id}")[1],
+        "config": api.call("GET", f"/api/cascades/{cascade_id}/config")[1],  # the dashboard's Config
+        "events": api.call("GET", f"/api/cascades/{cascade_id}/events")[1],
+    }
+    for where, answer in answers.items():
+        text = json.dumps(answer)
+        assert not [s for s in SECRETS if s in text], (where, text)
+    mlflow = answers["config"]["config"]["tracking"]["mlflow"]
+    assert mlflow["tracking_uri"] == "https://bob:***@mlflow.example.com:5000"
+    assert mlflow["tags"] == {"api_token": "***", "team": "rl"}
+    assert answers["detail"]["config"] == answers["config"]["config"]
+    # The database keeps them: the runner reads the config from there.
+    with session_scope(engine) as s:
+        row = s.get(Cascade, cascade_id)
+        assert row is not None
+        stored = json.dumps(row.config)
+    assert all(secret in stored for secret in SECRETS)
+    # The dashboard shows the config it fetches from /config (above) and no other copy of it.
+    script = (REPO / "services" / "api" / "static" / "dashboard.js").read_text()
+    assert "/config`" in script and "tracking" not in script
+
+
+# --------------------------------------------------------------------------- slow bodies
+
+
+def _exchange(port: int, head: bytes, first: bytes, trickle_s: float | None = None) -> tuple[bytes, float]:
+    """Send `head` and `first`, then stall (or send one more byte every `trickle_s`) and read
+    until the server closes the connection: (what it answered, seconds until it closed)."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=BODY_TIMEOUT_S + 15)
+    start = time.monotonic()
+    try:
+        sock.sendall(head + first)
+        while trickle_s is not None:
+            assert time.monotonic() - start < BODY_TIMEOUT_S + 15, "no answer to a trickling body"
+            sock.settimeout(trickle_s)
+            try:
+                sock.recv(1, socket.MSG_PEEK)  # an answer (or the close) has begun
+                break
+            except TimeoutError:
+                sock.sendall(b" ")
+        sock.settimeout(BODY_TIMEOUT_S + 15)
+        data = b""
+        while chunk := sock.recv(65536):  # a server that never closes: socket.timeout, a failure
+            data += chunk
+        return data, time.monotonic() - start
+    finally:
+        sock.close()
+
+
+@pytest.mark.parametrize("trickle_s", [None, 0.3], ids=["stalls", "trickles"])
+def test_a_slow_body_is_cut_at_the_bound(api: ApiServer, trickle_s: float | None) -> None:
+    before = counted(api, "POST", "/api/cascades", 408)
+    head = (
+        "POST /api/cascades HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+        f"Authorization: Bearer {WRITE_TOKEN}\r\nContent-Length: 5000\r\n\r\n"
+    ).encode()
+    answer, took = _exchange(api.port, head, b'{"name": "slow", ', trickle_s)
+    assert answer.startswith(b"HTTP/1.1 408 "), answer[:200]
+    assert b"limits.body_timeout_s" in answer and b"connection: close" in answer.lower()
+    assert BODY_TIMEOUT_S - 0.5 < took < BODY_TIMEOUT_S + 5, took
+    assert counted(api, "POST", "/api/cascades", 408) == before + 1
+
+
+def test_an_unread_body_does_not_hold_the_connection(api: ApiServer) -> None:
+    """A route that reads no body answers at once, and closes the connection rather than wait
+    for a declared body that never comes."""
+    head = b"GET /health HTTP/1.1\r\nHost: t\r\nContent-Length: 1000\r\n\r\n"
+    answer, took = _exchange(api.port, head, b"x" * 10)
+    assert answer.startswith(b"HTTP/1.1 200 ") and b"connection: close" in answer.lower(), answer[:300]
+    assert took < BODY_TIMEOUT_S + 5
+
+
+# --------------------------------------------------------------------------- headers
+
+
+def headers_of(api: ApiServer, method: str, path: str) -> tuple[int, dict[str, str]]:
+    req = urllib.request.Request(api.url + path, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, {k.lower(): v for k, v in resp.headers.items()}
+    except urllib.error.HTTPError as err:
+        return err.code, {k.lower(): v for k, v in err.headers.items()}
+
+
+@pytest.mark.parametrize(
+    "method,path",
+    [("GET", "/docs"), ("GET", "/redoc"), ("GET", "/openapi.json"), ("GET", "/health"),
+     ("GET", "/api/cascades"), ("GET", "/metrics"), ("GET", "/static/dashboard.js"),
+     ("GET", "/docs/assets/swagger-ui.css"), ("GET", "/nowhere"), ("POST", "/api/cascades"),
+     ("BREW", "/health"), ("GET", "/")],
+)  # fmt: skip
+def test_every_answer_refuses_sniffing_and_framing(api: ApiServer, method: str, path: str) -> None:
+    status, headers = headers_of(api, method, path)
+    assert status in (200, 401, 404, 405), status
+    assert headers["x-content-type-options"] == "nosniff"
+    assert headers["x-frame-options"] == "DENY"
+    assert "frame-ancestors 'none'" in headers["content-security-policy"]
+    if headers.get("content-type", "").startswith("application/json"):
+        assert headers["content-security-policy"].startswith("default-src 'none'")
+    if path == "/":  # the dashboard keeps its own, stricter policy
+        assert "script-src 'self'" in headers["content-security-policy"]

@@ -18,10 +18,13 @@ from cascade.config import (
     NestingTooDeep,
     check_json_depth,
     check_paths,
+    config_paths,
     load_cascade_config,
     parse_cascade_config,
     parse_cascade_json,
     parse_cascade_yaml,
+    resolve_path,
+    with_resolved_paths,
 )
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
@@ -348,6 +351,76 @@ def test_check_paths_names_each_missing_path(tmp_path: Path, monkeypatch: pytest
         f"domains.1.prompts.eval_path: a-dir.jsonl ({tmp_path}/a-dir.jsonl) is not a file",
         "domains.3.reward.model_path: /nonexistent/rm does not exist",
         f"output_dir: runs-file ({tmp_path}/runs-file) exists and is not a directory",
+    ]
+
+
+@pytest.mark.parametrize("name", ["..", "."])
+def test_a_name_that_is_a_directory_is_refused(tmp_path: Path, name: str) -> None:
+    """The run directory is `<output_dir>/<name>`: `..` would be output_dir's parent (another
+    run's directory, when output_dir is inside one), `.` output_dir itself. Refused by the model,
+    so `cascade run`, `cascade validate` and the API all name the field."""
+    data = _base()
+    data["name"] = name
+    assert _error(data).startswith(f"bad.yaml: name: Value error, {name!r} names a directory")
+    with pytest.raises(ConfigError, match=r"cascade\.yaml: name: .*names a directory"):
+        load_cascade_config(_write(tmp_path, data))
+    for fine in ("...", "a..b", ".hidden", "run.1"):
+        assert parse_cascade_config({**_base(), "name": fine}).name == fine
+
+
+def test_config_paths_lists_every_path_with_its_kind() -> None:
+    data = _base()
+    data["domains"][1]["prompts"] = {"kind": "jsonl", "train_path": "t.jsonl", "eval_path": "e.jsonl"}
+    data["domains"].append({"name": "rlhf", "reward": {"kind": "rlhf", "model_path": "rm"}})
+    data["domains"].append(
+        {"name": "swe", "prompts": {"kind": "hf", "adapter": "swe", "data_files": {"train": ["a.parquet"]}}}
+    )
+    data["tracking"] = {"tensorboard": {"log_dir": "tb"}, "mlflow": {"tracking_uri": "sqlite:///ml.db"}}
+    found = {(p.field, str(p.path), p.kind) for p in config_paths(parse_cascade_config(data))}
+    assert found == {
+        ("model.path", "/nonexistent/model", "model"),
+        ("domains.1.prompts.train_path", "t.jsonl", "data"),
+        ("domains.1.prompts.eval_path", "e.jsonl", "data"),
+        ("domains.3.reward.model_path", "rm", "model"),
+        ("domains.4.prompts.data_files.train.0", "a.parquet", "data"),
+        ("tracking.tensorboard.log_dir", "tb", "output"),
+        ("tracking.mlflow.tracking_uri", "ml.db", "output"),
+        ("output_dir", "runs", "output"),
+    }
+    for uri in ("http://mlflow:5000", "databricks", "postgresql://u@db/mlflow"):
+        data["tracking"] = {"mlflow": {"tracking_uri": uri}}
+        assert "tracking.mlflow.tracking_uri" not in {
+            p.field for p in config_paths(parse_cascade_config(data))
+        }
+
+
+def test_with_resolved_paths(tmp_path: Path) -> None:
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    data = _base()
+    data["model"] = {"path": "link/../real/./model"}
+    data["output_dir"] = "link/runs"
+    data["tracking"] = {"mlflow": {"tracking_uri": "sqlite:///link/ml.db"}}
+    cfg = with_resolved_paths(parse_cascade_config(data), tmp_path)
+    assert cfg.model.path == tmp_path / "real" / "model"
+    assert cfg.output_dir == tmp_path / "real" / "runs"  # the symlink followed
+    assert cfg.tracking.mlflow.tracking_uri == f"sqlite:///{tmp_path / 'real' / 'ml.db'}"
+    assert resolve_path("/etc/../etc/./passwd", tmp_path) == Path("/etc/passwd")
+    with pytest.raises(ValueError, match="model.path: not a usable path"):
+        with_resolved_paths(parse_cascade_config({**_base(), "model": {"path": "a\0b"}}), tmp_path)
+
+
+def test_training_diff_compares_paths_resolved(tmp_path: Path) -> None:
+    from cascade.config.diff import training_diff
+
+    stored = with_resolved_paths(parse_cascade_config(_base()), tmp_path).model_dump(mode="json")
+    given = {**_base(), "model": {"path": "/nonexistent/../nonexistent/model"}}
+    assert training_diff(stored, parse_cascade_config(given).model_dump(mode="json"), tmp_path) == []
+    given["model"] = {"path": "models/../../other"}
+    diff = training_diff(stored, parse_cascade_config(given).model_dump(mode="json"), tmp_path)
+    assert diff == [
+        'model.path: cascade has "/nonexistent/model", the config has "models/../../other" '
+        f"(resolves to {tmp_path.parent / 'other'})"
     ]
 
 

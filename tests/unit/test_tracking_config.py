@@ -89,7 +89,7 @@ def test_up_passes_track_to_the_learner(tmp_path: Path) -> None:
         )
         stack.procs = {name: Proc(name, [], tmp_path / name, port=1) for name in services}
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(Proc, "start", lambda self, env, nice=0: None)  # the argv only, no process
+            mp.setattr(LocalStack, "_start", lambda self, proc: None)  # the argv only, no process
             argv = stack.start_learner().argv
         i = argv.index("--track")
         assert argv[i : i + 2] == expected
@@ -97,7 +97,7 @@ def test_up_passes_track_to_the_learner(tmp_path: Path) -> None:
     stack = LocalStack(config=config, model=tmp_path, run_dir=tmp_path / "run", log_dir=tmp_path)
     stack.procs = {name: Proc(name, [], tmp_path / name, port=1) for name in services}
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(Proc, "start", lambda self, env, nice=0: None)
+        mp.setattr(LocalStack, "_start", lambda self, proc: None)
         assert "--track" not in stack.start_learner().argv  # the config's tracking section decides
 
 
