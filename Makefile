@@ -9,7 +9,7 @@ TINY_AGENT := models/tiny-agent
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: vllm-env install demo demo-full ablation ablation-agent test lint docs services sandbox chromium clean bench-trl
+.PHONY: vllm-env install demo demo-full ablation ablation-agent test lint docs services sandbox faketime chromium clean bench-trl
 
 $(STAMP): pyproject.toml $(shell find proto -name '*.proto')
 	$(PYTHON) -m venv $(VENV)
@@ -75,6 +75,10 @@ services:
 sandbox:
 	bash scripts/ensure-sandbox.sh
 
+# faketime, for the chaos drill's learner whose clock runs a minute ahead.
+faketime:
+	bash scripts/ensure-faketime.sh
+
 # Debian's chromium, for the dashboard test in headless Chromium (skipped, with the reason, without it).
 chromium:
 	bash scripts/ensure-chromium.sh
@@ -123,7 +127,7 @@ lint: install
 
 # The vLLM venv and the six CPU images are built side by side (both mostly wait on pip); the
 # container drill then runs on those images (tests/e2e/test_container_drill.py).
-test: install services sandbox chromium docker $(TINY)/config.json
+test: install services sandbox faketime chromium docker $(TINY)/config.json
 	$(MAKE) -j2 vllm-env images
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports --no-cache

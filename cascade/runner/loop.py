@@ -229,8 +229,9 @@ class CascadeRunner:
             self.registry.load_state_dict(self.state.teachers)
             holder = None if self.state.finished else self.holder
             self.store.resume(self.state.store_ids, holder=holder, expiry_s=self.cfg.lease.expiry_s)
-            self.store.truncate_after(self.state.global_step)
-            self._truncate_samples_log(samples)
+            self.store.truncate_after(
+                self.state.global_step, then=lambda: self._truncate_samples_log(samples)
+            )
             self.log(
                 f"resumed from {self.resume_from.name}: stage {self.state.stage_index + 1}, "
                 f"step {self.state.stage_step} (global step {self.state.global_step})"
@@ -489,6 +490,7 @@ class CascadeRunner:
         self.state.policy_version += 1
         self.state.stage_step += 1
         self.state.global_step += 1
+        self.store.check_lease()  # a runner taken over while it trained must not push its weights
         pushed = self.sources.weights.push(self.policy, self.state.policy_version)
         t_end = time.perf_counter()
         metrics: dict[str, Any] = {

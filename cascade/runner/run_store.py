@@ -318,6 +318,13 @@ class RunStore:
         with db.session_scope(self.engine) as s:
             leases.release(s, cascade_id=self.cascade_id, token=token)
 
+    @_retried
+    def check_lease(self) -> None:
+        """`LeaseLost` unless this runner still holds its lease (renewing it): asked before a write
+        that does not go through the store (the weights pushed to the rollout replicas)."""
+        with db.session_scope(self.engine) as s:
+            self._fenced(s)
+
     def attach(self, ids: dict[str, Any]) -> None:
         self.cascade_id = int(ids["cascade_id"])
         self.run_id = int(ids["run_id"])
@@ -417,11 +424,15 @@ class RunStore:
     # ------------------------------------------------------------------ metrics
 
     @_retried
-    def truncate_after(self, global_step: int) -> None:
+    def truncate_after(self, global_step: int, *, then: Callable[[], None] | None = None) -> None:
+        """Drop the rows past `global_step` (a resume redoes those steps); `then` (the samples log
+        cut the same way; idempotent) runs inside the fenced transaction."""
         _, run_id = self._ids()
         with db.session_scope(self.engine) as s:
             self._fenced(s)
             repo.discard_after(s, run_id=run_id, global_step=global_step)
+            if then is not None:
+                then()
 
     @_retried
     def record_step(
