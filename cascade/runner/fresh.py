@@ -51,6 +51,17 @@ def confirm_fresh(
     return None
 
 
+def check_not_nested(run_dir: Path) -> None:
+    """A run directory inside another run's (resolved: `..` and symlinks followed) would write into
+    that run: its run.json, samples log and checkpoints."""
+    for parent in run_dir.resolve().parents:
+        if (parent / RECORD_FILE).is_file():
+            raise RunDirError(
+                f"{run_dir} resolves to {run_dir.resolve()}, inside the run directory {parent}: "
+                "give a run directory of its own"
+            )
+
+
 def check_is_run_dir(run_dir: Path) -> None:
     """A directory with content but none of a run's files is not moved (a mistyped --run-dir)."""
     if not has_history(run_dir):

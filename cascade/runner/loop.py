@@ -51,7 +51,7 @@ from cascade.runner.checkpoint import (
 )
 from cascade.runner.curriculum import AdvanceTracker, TeacherRegistry
 from cascade.runner.distill import DistillData, DistillJob, fetch_distill
-from cascade.runner.fresh import check_is_run_dir, check_not_held, move_aside
+from cascade.runner.fresh import check_is_run_dir, check_not_held, check_not_nested, move_aside
 from cascade.runner.lease import LeaseKeeper
 from cascade.runner.planning import distill_seed, plan_requests
 from cascade.runner.progress import RunProgress
@@ -135,6 +135,7 @@ class CascadeRunner:
         self.on_step = on_step
         self.ckpt_root = run_dir / "checkpoints"
         self.teacher_root = run_dir / "teachers"
+        check_not_nested(run_dir)
         if db_url is not None:
             try:
                 make_url(db_url)

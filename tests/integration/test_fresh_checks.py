@@ -187,6 +187,25 @@ def test_fresh_refuses_a_directory_that_is_not_a_run(random_tiny_model: Path, tm
     assert (run_dir / "thesis.tex").read_text() == "years of work" and not asides(run_dir)
 
 
+def test_a_run_directory_inside_another_run_is_refused_before_anything_is_written(
+    random_tiny_model: Path, tmp_path: Path
+) -> None:
+    """Issue 34: a run directory that resolves into another run's (`..`, a symlink) wrote into it:
+    its run.json overwritten, its samples log appended to, its checkpoint pruned."""
+    cfg = config(random_tiny_model, tmp_path / "runs")
+    other = tmp_path / "runs" / "other"
+    store = make_run(cfg, other, f"sqlite:///{other / 'cascade.db'}")
+    store.engine.dispose()
+    before = snapshot(other)
+    (tmp_path / "link").symlink_to(other)
+    dotted = tmp_path / "runs" / "x" / ".." / "other" / "inner"
+    for run_dir in (other / "inner", dotted, tmp_path / "link" / "y"):
+        for kwargs in ({}, {"resume": True}, {"fresh": True}):
+            with pytest.raises(RunDirError, match=f"inside the run directory {other}"):
+                embedded_runner(cfg, run_dir=run_dir, log=lambda _: None, **kwargs)
+    assert snapshot(other) == before and not (other / "inner").exists()
+
+
 @pytest.mark.postgres
 def test_rejoining_a_cascade_with_history_needs_resume_or_fresh(
     random_tiny_model: Path, tmp_path: Path, postgres_url: str
