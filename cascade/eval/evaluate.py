@@ -22,7 +22,7 @@ from cascade.domains.base import Domain, Problem, score_for_eval
 from cascade.engine.base import SamplingSettings
 from cascade.eval.results import DomainEval, MetricValue
 from cascade.eval.stats import mean_interval, pass_at_k, ratio_interval
-from cascade.model.chat import encode_prompts, token_encoder
+from cascade.model.chat import completion_decoder, encode_prompts, token_encoder
 from cascade.rollout.requests import GenerateFn, request_seed
 from cascade.tools.environment import EpisodeStats
 from cascade.tools.turn_loop import run_turns
@@ -89,8 +89,7 @@ def _completions(
     (the turn loop of the rollouts, with each episode's counts), one generation otherwise.
     The domain is recognised by name: `make_domain` hands it over wrapped (`LengthBounded`)."""
 
-    def decode(ids: list[list[int]]) -> list[str]:
-        return tokenizer.batch_decode(ids, skip_special_tokens=True)
+    decode = completion_decoder(tokenizer)
 
     config = getattr(domain, "config", None) if domain.name == "agent" else None
     setup = turn_setup(repeated, config.model_dump(mode="json")) if config is not None else None

@@ -86,6 +86,27 @@ def encode_messages(
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
 
+def completion_decoder(tokenizer: PreTrainedTokenizerBase) -> Callable[[list[list[int]]], list[str]]:
+    """Completions as text without special tokens, except the reasoning markers.
+
+    A tokenizer may make `<think>`/`</think>` special tokens (the tiny model's does):
+    `skip_special_tokens=True` would drop them, and the verifier could no longer tell the
+    reasoning from the answer (an answer written only in the reasoning would be paid, a right
+    answer after reasoning judged with the reasoning in front of it). Every path that turns
+    sampled ids into the text a verifier reads (the rollouts, the eval, the distillation fetch,
+    the rollout workers) decodes with this."""
+    markers = {tokenizer.convert_tokens_to_ids(t) for t in (THINK_OPEN, THINK_CLOSE)}
+    markers.discard(tokenizer.unk_token_id)
+    special = {i for i, tok in tokenizer.added_tokens_decoder.items() if tok.special}
+    dropped = (special | set(tokenizer.all_special_ids)) - markers
+
+    def decode(ids: list[list[int]]) -> list[str]:
+        kept = [[t for t in seq if t not in dropped] for seq in ids]
+        return tokenizer.batch_decode(kept, skip_special_tokens=False)
+
+    return decode
+
+
 def strip_thinking(completion: str) -> str:
     """The final response: what follows the last `</think>`, up to any `<think>` left open.
 

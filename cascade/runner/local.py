@@ -21,7 +21,7 @@ from cascade.domains.base import Domain, Problem, RewardVerdict
 from cascade.engine.base import SamplingSettings, VersionedGeneration
 from cascade.engine.batch import SequenceBatch
 from cascade.engine.microbatch import MicroBatching
-from cascade.model.chat import token_encoder
+from cascade.model.chat import completion_decoder, token_encoder
 from cascade.model.loading import Policy
 from cascade.rollout.policy import PolicyGenerate
 from cascade.rollout.requests import PromptRequest, ScoredChunk
@@ -49,11 +49,8 @@ class LocalRollouts:
     def submit(self, requests: list[PromptRequest]) -> None:
         """Generates now, with the current weights (what an overlapped worker would have done)."""
         assert self._engine is not None, "attach() first"
-        decode = self._engine.policy.tokenizer.batch_decode
+        texts = completion_decoder(self._engine.policy.tokenizer)
         encode = token_encoder(self._engine.policy.tokenizer)
-
-        def texts(ids: list[list[int]]) -> list[str]:
-            return decode(ids, skip_special_tokens=True)
 
         for req in requests:
             chunk = generate_and_score(

@@ -38,7 +38,7 @@ from cascade.domains.base import Domain, NeedsPreparing, Problem
 from cascade.engine.microbatch import MicroBatching
 from cascade.eval.evaluate import evaluate_domain
 from cascade.eval.results import DomainEval
-from cascade.model.chat import encode_prompts, token_encoder
+from cascade.model.chat import completion_decoder, encode_prompts, token_encoder
 from cascade.parallel.world import World
 from cascade.resilience import resilience_metrics
 from cascade.rollout.requests import PromptRequest, RolloutBatch, merge_chunks, request_seed
@@ -634,7 +634,7 @@ class CascadeRunner:
                 pad_id=self.policy.pad_token_id,
                 rollouts=self.sources.rollouts,
                 teachers=self.sources.teachers,
-                decode=lambda ids: tokenizer.batch_decode(ids, skip_special_tokens=True),
+                decode=completion_decoder(tokenizer),
                 encode=token_encoder(tokenizer),
             )
 

@@ -155,7 +155,7 @@ class Worker:
     def handle(self, message_id: str, data: dict[str, Any]) -> None:
         from cascade.domains.base import Problem, RewardVerdict
         from cascade.engine.base import SamplingSettings, VersionedGeneration
-        from cascade.model.chat import token_encoder
+        from cascade.model.chat import completion_decoder, token_encoder
         from cascade.rollout.requests import PromptRequest
         from cascade.rollout.scoring import generate_and_score
         from cascade.transport.redis_streams import publish
@@ -172,7 +172,7 @@ class Worker:
             return result
 
         def decode(ids: list[list[int]]) -> list[str]:
-            return self.tokenizer.batch_decode(ids, skip_special_tokens=True)
+            return completion_decoder(self.tokenizer)(ids)
 
         def encode(text: str, literal: bool) -> list[int]:
             return token_encoder(self.tokenizer)(text, literal)
