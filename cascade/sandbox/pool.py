@@ -9,18 +9,29 @@ the other worker), running `cascade.sandbox.nsworker` under the system interpret
 costs a few forks and an `unshare`, not an interpreter start (see `nsworker`). A worker that
 stops answering is killed with its whole cgroup and restarted; its job comes back as
 `infra_error`, never as a reward of 0.
+
+The pool's staged harness directory, `<tmp>/cascade-sandbox-<pid>-XXXX`, holds an `flock` on its
+`.lock` file for the pool's lifetime. It is removed by `close()`, and for the process's own pools
+at interpreter exit (`atexit`), at a multiprocessing or billiard process's exit (their
+finalizers), by `close_pools()` (the reward workers call it at Celery's `worker_process_shutdown`:
+a prefork child leaves through `os._exit`, past `atexit`), and on a SIGTERM that would otherwise
+kill the process outright. What a SIGKILL leaves is removed by the next pool to start on the host:
+a directory whose lock can be taken, or one without a lock file whose pid is dead.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import fcntl
 import json
 import logging
+import multiprocessing.util
 import os
 import queue
 import select
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -30,6 +41,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from cascade.sandbox import cgroups
@@ -103,19 +115,80 @@ class SandboxUnavailable(RuntimeError):
     """The host cannot run the bubblewrap sandbox; the message says what is missing."""
 
 
-def stage_harness() -> Path:
+STAGE_PREFIX = "cascade-sandbox-"
+"""Name of a staged harness directory (in the temp dir): `cascade-sandbox-<pid>-XXXX`."""
+LOCK_NAME = ".lock"
+"""The file in a staged directory that its pool holds an `flock` on while it lives (bwrap binds
+only the harness files, so the sandbox never sees it)."""
+
+
+def stage_harness(parent: Path | None = None) -> Path:
     """Copies of the in-sandbox files in a fresh world-readable directory: the sandbox uid may not
-    be able to reach the installed package (say, under /root), and it sees nothing else of it."""
-    staged = Path(tempfile.mkdtemp(prefix="cascade-sandbox-"))
+    be able to reach the installed package (say, under /root), and it sees nothing else of it.
+    Named after this process (`cascade-sandbox-<pid>-XXXX`), in `parent` (default: the temp dir)."""
+    staged = Path(tempfile.mkdtemp(prefix=f"{STAGE_PREFIX}{os.getpid()}-", dir=parent))
     for name, source in HARNESS_FILES.items():
         target = staged / name
-        for parent in reversed(target.relative_to(staged).parents[:-1]):
-            (staged / parent).mkdir(exist_ok=True)
-            (staged / parent).chmod(0o755)
+        for parent_dir in reversed(target.relative_to(staged).parents[:-1]):
+            (staged / parent_dir).mkdir(exist_ok=True)
+            (staged / parent_dir).chmod(0o755)
         shutil.copyfile(source, target)
         target.chmod(0o644)
     staged.chmod(0o755)
     return staged
+
+
+def lock_staged(staged: Path) -> int:
+    """Create `staged`'s lock file and hold an exclusive `flock` on it: the returned descriptor,
+    open until the directory is removed (the kernel drops the lock when the process dies)."""
+    fd = os.open(staged / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_staged(parent: Path | None = None) -> list[Path]:
+    """Remove the staged directories whose pool is gone (its process was killed): those whose lock
+    file can be locked, and those without one (an older layout, or a pool killed while staging)
+    whose pid, in the name, is dead. A directory whose lock is held, or without a pid in its name
+    and no lock file, is kept. Returns the directories removed."""
+    removed: list[Path] = []
+    for directory in Path(parent or tempfile.gettempdir()).glob(f"{STAGE_PREFIX}*"):
+        if directory.is_symlink() or not directory.is_dir():
+            continue
+        try:
+            fd = os.open(directory / LOCK_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            owner = directory.name.removeprefix(STAGE_PREFIX).split("-", 1)[0]
+            if owner.isdigit() and not _pid_alive(int(owner)):
+                shutil.rmtree(directory, ignore_errors=True)
+                removed.append(directory)
+            continue
+        except OSError:  # another user's, or not ours to judge
+            continue
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # its pool is alive
+            shutil.rmtree(directory, ignore_errors=True)
+            removed.append(directory)
+        finally:
+            os.close(fd)
+    return removed
 
 
 def bwrap_argv(settings: BwrapSettings, harness_dir: Path, exec_procs: Sequence[Path] = ()) -> list[str]:
@@ -319,7 +392,16 @@ class SandboxPool:
         if self.settings.use_cgroups and cgroups.available():
             cgroups.remove_stale(GROUP_PREFIX)
         tag = f"{GROUP_PREFIX}-{os.getpid()}-{id(self) % 100000}"
+        for stale in remove_stale_staged():
+            log.info("removed the stale sandbox directory %s", stale)
+        _clean_at_exit()
         self.harness_dir = stage_harness()
+        self._lock_fd: int | None = None
+        try:
+            self._lock_fd = lock_staged(self.harness_dir)
+        except BaseException:
+            shutil.rmtree(self.harness_dir, ignore_errors=True)
+            raise
         self.workers = [
             SandboxWorker(self.settings, f"{tag}-{i}", self.harness_dir) for i in range(max(1, size))
         ]
@@ -369,6 +451,10 @@ class SandboxPool:
         for worker in self.workers:
             worker.stop()
         shutil.rmtree(self.harness_dir, ignore_errors=True)
+        if self._lock_fd is not None:  # released only once the directory is gone
+            with contextlib.suppress(OSError):
+                os.close(self._lock_fd)
+            self._lock_fd = None
 
 
 _pools: dict[tuple[int, BwrapSettings], SandboxPool] = {}
@@ -385,9 +471,43 @@ def shared_pool(size: int, settings: BwrapSettings | None = None) -> SandboxPool
         return pool
 
 
-@atexit.register
-def _close_pools() -> None:
+def close_pools() -> None:
+    """Close this process's pools (their workers and directories); a later `shared_pool` starts
+    a new one. For exits that skip `atexit`: the reward workers call it at Celery's
+    `worker_process_shutdown`."""
     for pool in list(_pools.values()):
         if pool.owner == os.getpid():
-            pool.close()
+            with contextlib.suppress(Exception):
+                pool.close()
     _pools.clear()
+
+
+atexit.register(close_pools)
+
+_cleanup_pid = -1
+"""The process whose exit hooks are registered (a forked child registers its own)."""
+
+
+def _clean_at_exit() -> None:
+    """Register `close_pools` with the exits of this process that skip `atexit`: a
+    multiprocessing or billiard process's finalizers, and a SIGTERM that would kill it outright."""
+    global _cleanup_pid
+    if _cleanup_pid == os.getpid():
+        return
+    _cleanup_pid = os.getpid()
+    multiprocessing.util.Finalize(None, close_pools, exitpriority=10)  # billiard's registry too
+    if threading.current_thread() is threading.main_thread():
+        with contextlib.suppress(ValueError, OSError):
+            if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+                # Only where SIGTERM kills at once: a handler of the process's own (Celery's warm
+                # shutdown, a gRPC front's) decides how it stops, and `atexit` cleans after it.
+                signal.signal(signal.SIGTERM, _close_pools_and_die)
+
+
+def _close_pools_and_die(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM's handler where it had none: close the pools, then die of the signal as before."""
+    try:
+        close_pools()
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)

@@ -20,7 +20,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from celery import Celery, Task
-from celery.signals import worker_init, worker_ready
+from celery.signals import worker_init, worker_process_shutdown, worker_ready
 
 from services.reward.batch import DomainCache, batch_from_payload, infra_verdicts, verdicts_to_json
 
@@ -145,6 +145,16 @@ INFO line goes nowhere)."""
 def _report_sandbox(**_: Any) -> None:
     for report in _sandbox_report:
         log.info("code sandbox ready:\n%s", report)
+
+
+@worker_process_shutdown.connect
+def _close_sandboxes(**_: Any) -> None:
+    """Stop this pool process's sandbox workers and remove their staged directory: a prefork
+    child leaves through `os._exit`, past `atexit` and the finalizers, both at a warm shutdown
+    and on a SIGTERM of its own (billiard's handler exits through the same path)."""
+    from cascade.sandbox.pool import close_pools
+
+    close_pools()
 
 
 def configure(settings: Mapping[str, Any]) -> Celery:

@@ -5,13 +5,20 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import subprocess
+import sys
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from cascade.sandbox import cgroups, preflight
-from cascade.sandbox.pool import BwrapSettings, SandboxPool, SandboxUnavailable
+from cascade.sandbox.pool import LOCK_NAME, BwrapSettings, SandboxPool, SandboxUnavailable
+
+REPO = Path(__file__).resolve().parents[2]
 
 LIMITS = {
     "time_limit_s": 5.0,
@@ -115,3 +122,81 @@ def test_an_unbounded_cpu_is_said_loudly(caplog: pytest.LogCaptureFixture) -> No
         assert bounded.cpu_bounded() == (cgroups.available() and cgroups.cpu_available())
     finally:
         bounded.close()
+
+
+@pytest.fixture
+def private_tmp(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A temp dir of the test's own, in the real one (pytest's tmp_path is out of the sandbox
+    uid's reach), as the pools' temp dir."""
+    tmp = Path(tempfile.mkdtemp(prefix="test-pool-tmp-"))
+    tmp.chmod(0o755)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    try:
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _staged(tmp: Path) -> list[str]:
+    return sorted(p.name for p in tmp.glob("cascade-sandbox-*"))
+
+
+@needs_bwrap
+def test_a_closed_pool_leaves_no_directory(private_tmp: Path) -> None:
+    pool = SandboxPool(1)
+    try:
+        assert _staged(private_tmp) == [pool.harness_dir.name]
+        assert pool.harness_dir.name.startswith(f"cascade-sandbox-{os.getpid()}-")
+        assert (pool.harness_dir / LOCK_NAME).is_file()
+        assert pool.run([job("def f(x):\n    return x + 1")])[0]["status"] == "ok"
+    finally:
+        pool.close()
+    assert _staged(private_tmp) == []
+
+
+_CHILD_POOL = """
+import sys, tempfile, time
+tempfile.tempdir = sys.argv[1]
+from cascade.sandbox.pool import shared_pool
+shared_pool(1)
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def _child_with_a_pool(tmp: Path) -> subprocess.Popen[str]:
+    child = subprocess.Popen(
+        [sys.executable, "-c", _CHILD_POOL, str(tmp)], stdout=subprocess.PIPE, text=True, cwd=REPO
+    )
+    assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+    return child
+
+
+@needs_bwrap
+def test_sigterm_removes_the_directory_and_still_kills(private_tmp: Path) -> None:
+    child = _child_with_a_pool(private_tmp)
+    assert [name.split("-")[2] for name in _staged(private_tmp)] == [str(child.pid)]
+    child.send_signal(signal.SIGTERM)
+    assert child.wait(timeout=20) == -signal.SIGTERM
+    assert _staged(private_tmp) == []
+
+
+@needs_bwrap
+def test_a_killed_pools_directory_is_removed_by_the_next_pool(private_tmp: Path) -> None:
+    """SIGKILL runs nothing: its directory stays until the next pool starts, which removes it
+    (its lock is free) and keeps the directory of a pool that is alive."""
+    killed, alive = _child_with_a_pool(private_tmp), _child_with_a_pool(private_tmp)
+    try:
+        killed.kill()
+        killed.wait(timeout=10)
+        owners = {name.split("-")[2] for name in _staged(private_tmp)}
+        assert owners == {str(killed.pid), str(alive.pid)}
+        pool = SandboxPool(1)
+        try:
+            owners = {name.split("-")[2] for name in _staged(private_tmp)}
+            assert owners == {str(alive.pid), str(os.getpid())}
+        finally:
+            pool.close()
+    finally:
+        alive.kill()
+        alive.wait(timeout=10)

@@ -20,7 +20,14 @@ import cascade.domains.base as base
 from cascade.sandbox import harness as sandbox_harness
 from cascade.sandbox import jobs as sandbox
 from cascade.sandbox.jobs import ExecResult, Job, SandboxLimits, run_jobs
-from cascade.sandbox.pool import HARNESS_FILES, BwrapSettings, stage_harness
+from cascade.sandbox.pool import (
+    HARNESS_FILES,
+    LOCK_NAME,
+    BwrapSettings,
+    lock_staged,
+    remove_stale_staged,
+    stage_harness,
+)
 
 LIMITS = SandboxLimits(time_limit_s=0.5, memory_mb=256, max_output_bytes=4096, max_processes=8)
 TESTS = [{"input": x, "output": x + 1} for x in range(3)]
@@ -425,3 +432,61 @@ def test_worker_modules_import_from_the_staged_copy_alone() -> None:
         "cascade.sandbox",
         *(f"cascade.sandbox.{m}" for m in in_sandbox),
     }
+
+
+def test_stale_staged_directories_are_removed_and_live_ones_kept(tmp_path: Path) -> None:
+    """A directory whose lock can be taken, or without a lock file and with a dead pid in its
+    name, is stale; one whose lock is held, or whose pid lives, or with no pid, is kept."""
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    dead = int(gone.stdout)
+    holder_dir = tmp_path / f"cascade-sandbox-{dead}-held"
+    holder_dir.mkdir()
+    (holder_dir / LOCK_NAME).touch()
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, sys, time; f = open(sys.argv[1]); fcntl.flock(f, fcntl.LOCK_EX); "
+            "print('locked', flush=True); time.sleep(60)",
+            str(holder_dir / LOCK_NAME),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        unlocked = tmp_path / f"cascade-sandbox-{os.getpid()}-free"  # a live pid, but its lock is free
+        unlocked.mkdir()
+        (unlocked / LOCK_NAME).touch()
+        (unlocked / "cascade").mkdir()
+        (unlocked / "cascade" / "__init__.py").touch()
+        no_lock_dead, no_lock_alive, no_pid = (
+            tmp_path / f"cascade-sandbox-{dead}-old",
+            tmp_path / f"cascade-sandbox-{os.getpid()}-staging",
+            tmp_path / "cascade-sandbox-k3x9q2ab",
+        )
+        for directory in (no_lock_dead, no_lock_alive, no_pid):
+            directory.mkdir()
+        (tmp_path / "unrelated").mkdir()
+        removed = remove_stale_staged(tmp_path)
+        assert sorted(removed) == sorted([unlocked, no_lock_dead])
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+            [holder_dir.name, no_lock_alive.name, no_pid.name, "unrelated"]
+        )
+    finally:
+        holder.kill()
+        holder.wait()
+    assert remove_stale_staged(tmp_path) == [holder_dir]  # its holder is gone
+
+
+def test_staged_directory_is_named_after_its_process_and_locked(tmp_path: Path) -> None:
+    staged = stage_harness(tmp_path)
+    fd = lock_staged(staged)
+    try:
+        assert staged.name.startswith(f"cascade-sandbox-{os.getpid()}-")
+        assert remove_stale_staged(tmp_path) == []  # held by this process: kept
+    finally:
+        os.close(fd)
+    assert remove_stale_staged(tmp_path) == [staged]
