@@ -36,15 +36,25 @@ an answer may leave unevaluated what the gold leaves unevaluated, node for node.
 is an equation and the gold is not, only its last right-hand side is judged, as math-verify
 compares only that (`47+38=85` commits to 85; `85=47+38` to the sum).
 
-What it does not try to catch: a value disguised after it was computed (`\\binom{85}{1}` and
-`e^{\\ln 85}`, which latex2sympy folds while parsing; `\\sqrt2(\\sqrt2+1)-\\sqrt2+83`). Those pay
-only a policy that already knows the answer. The rule needs no problem text: it judges the
-answer alone, so it holds for any prompt (an answer that echoes a problem's `\\frac{6}{4}` as
-`\\frac{6}{4}` is read as the rational 3/2 and accepted).
+The written form comes first (`written_form_breach`): latex2sympy folds some constructs while it
+reads them (`\\gcd(47+38)`, `\\operatorname{lcm}(47+38,1)`, a `\\det` or `vmatrix`, the mixed number
+`47\\frac{38}{1}`, `\\binom{85}{1}`, `e^{\\ln 85}` all parse to the bare 85), so the text math-verify
+extracted is read first against an allow-list grammar (`_WrittenForm`): numbers, fractions of
+integers, radicals, pi and e, letters, text, scientific notation, percentages, proper mixed
+numbers, intervals, sets, tuples and relations of those; at most one number among the terms of a
+sum or the factors of a product; no integer power of a number but ten; no command, environment or
+symbol outside the allow list. What the gold is itself written with is allowed (the same part, or
+the same command). A gold the grammar cannot read leaves the answer to the tree rule alone.
+
+What it does not try to catch: a value disguised after it was computed in allowed notation
+(`\\sqrt2(\\sqrt2+1)-\\sqrt2+83`). That pays only a policy that already knows the answer. The rule
+needs no problem text: it judges the answer alone, so it holds for any prompt (an answer that
+echoes a problem's `\\frac{6}{4}` as `\\frac{6}{4}` is a fraction of integers and accepted).
 """
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -325,6 +335,10 @@ def _trees(parsed: Iterable[Any]) -> list[Basic | MatrixBase]:
     return [p for p in parsed if isinstance(p, (Basic, MatrixBase))]
 
 
+def _texts(parsed: Iterable[Any]) -> list[str]:
+    return [p for p in parsed if isinstance(p, str)]
+
+
 def _variables(expr: Basic | MatrixBase) -> set[str]:
     return {str(s) for s in expr.free_symbols}
 
@@ -338,6 +352,8 @@ def not_closed_form(gold: Sequence[Any], pred: Sequence[Any]) -> str | None:
 
     `gold` and `pred` are math-verify `parse` results (sympy trees and strings)."""
     allowed: set[Basic] = set()
+    if why := written_form_breach(_texts(gold), _texts(pred)):
+        return why
     gold_variables: set[str] = set()
     for tree in _trees(gold):
         allowed |= {node for node, _ in unevaluated_parts(tree)}
@@ -351,4 +367,508 @@ def not_closed_form(gold: Sequence[Any], pred: Sequence[Any]) -> str | None:
             continue  # a symbolic or text gold: math-verify matches variables itself
         if variables := _variables(judged):
             return f"a variable in an answer that has none: {', '.join(sorted(variables))[:60]}"
+    return None
+
+
+# --------------------------------------------------------------------------- the written form
+
+
+class _Unreadable(Exception):
+    """The written answer is not in the grammar at all (unbalanced, truncated, too deep)."""
+
+
+_WRITTEN_TOKEN = re.compile(
+    r"(?P<skip>\s+|\\[,;:!> ]|~|\\q?quad(?![A-Za-z])|\\(?:left|right)\s*\.|\\\$|\\(?:left|right|[bB]igg?[lr]?"
+    r"|displaystyle|textstyle|limits|nolimits)(?![A-Za-z]))"
+    r"|(?P<env>\\(?:begin|end)\s*\{[A-Za-z*]+\})"
+    r"|(?P<num>\d+(?:\.\d*)?|\.\d+)"
+    r"|(?P<cmd>\\[A-Za-z]+|\\.)"
+    r"|(?P<char>.)",
+    re.S,
+)
+_FRACTIONS = frozenset({"\\frac", "\\dfrac", "\\tfrac", "\\cfrac"})
+_TEXT = frozenset(
+    {
+        "\\text",
+        "\\textbf",
+        "\\textrm",
+        "\\textit",
+        "\\textnormal",
+        "\\mathrm",
+        "\\mathbf",
+        "\\mathit",
+        "\\mbox",
+        "\\mathbb",
+        "\\mathcal",
+        "\\mathsf",
+        "\\mathtt",
+        "\\boldsymbol",
+    }
+)
+"""Commands whose argument is read as a word (a unit, a name, a choice, a set like `\\mathbb{R}`)."""
+_CONSTANTS = frozenset(
+    {"\\pi", "\\infty", "\\circ", "\\degree", "\\emptyset", "\\varnothing", "\\%"}
+    | {
+        f"\\{g}"
+        for g in (
+            "alpha beta gamma delta epsilon varepsilon zeta eta theta vartheta iota kappa lambda mu nu xi "
+            "rho sigma tau upsilon phi varphi chi psi omega Gamma Delta Theta Lambda Xi Sigma Phi Psi Omega"
+        ).split()
+    }
+)
+_SIGNS = frozenset({"+", "-", "\\pm", "\\mp"})
+_SET_OPERATORS = frozenset({"\\cup", "\\cap", "\\setminus"})
+_PRODUCT_OPERATORS = frozenset({"\\cdot", "\\times", "*", "/", "\\div"})
+_RELATIONS = frozenset(
+    {
+        "=",
+        "<",
+        ">",
+        "\\le",
+        "\\leq",
+        "\\ge",
+        "\\geq",
+        "\\lt",
+        "\\gt",
+        "\\ne",
+        "\\neq",
+        "\\leqslant",
+        "\\geqslant",
+        "\\in",
+        "\\notin",
+        "\\subset",
+        "\\subseteq",
+    }
+)
+_SEPARATORS = frozenset({",", ";"})
+_MATRICES = frozenset({"pmatrix", "bmatrix", "Bmatrix", "matrix", "smallmatrix", "array"})
+_CLOSERS = frozenset({")", "]", "}", "\\}", "&", "\\\\", "|"})
+_MAX_DEPTH = 60
+"""Groups nested deeper than this are not read (the answer is refused, never recursed into)."""
+_MAX_TOKENS = 4000
+
+
+class _Form:
+    """What a piece of a written answer is: `kind` is `int`, `decimal`, `fraction` (of integers),
+    `ten` (a power of ten), `notation` (scientific, a percentage): number literals; `numbers`: an
+    operation on numbers (already recorded as not a closed form); `other`: anything else."""
+
+    __slots__ = ("kind", "start", "end")
+
+    def __init__(self, kind: str, start: int, end: int) -> None:
+        self.kind, self.start, self.end = kind, start, end
+
+    @property
+    def numeric(self) -> bool:
+        """Built from number literals only: a rational number once evaluated."""
+        return self.kind != "other"
+
+
+class _WrittenForm:
+    """A recursive-descent reader of a written answer against the closed-form grammar:
+
+        list     := relation ((',' | ';') relation)*
+        relation := sum (RELATION sum)*
+        sum      := SIGN* product ((SIGN | \\cup | \\cap | \\setminus) SIGN* product)*
+        product  := power ((\\cdot | \\times | * | / | \\div)? power)*
+        power    := atom ('^' arg | '_' arg | '!' | "'" | '\\%')*
+        atom     := NUMBER | LETTER | CONSTANT | '{' list '}' | ('(' | '[') list (')' | ']')
+                  | '\\{' list '\\}' | \\frac arg arg | \\sqrt ['[' list ']'] arg | TEXT '{' word '}'
+                  | \\begin{matrix} list (('&' | '\\\\') list)* \\end{matrix}
+
+    with the rules that make it a closed form: at most one number among the terms of a sum and
+    among the factors of a product (scientific notation excepted: `8.5\\times10^{1}`), a fraction
+    of integers only, no integer power of a number but ten, no command, environment or symbol
+    outside the allow list. `violations` holds each breach: (why, the written part, its key)."""
+
+    def __init__(self, text: str) -> None:
+        self.tokens: list[str] = []
+        for match in _WRITTEN_TOKEN.finditer(text):
+            if match.lastgroup != "skip":
+                self.tokens.append(re.sub(r"\s+", "", match.group()))
+            if len(self.tokens) > _MAX_TOKENS:
+                raise _Unreadable("too long")
+        self.pos = 0
+        self.depth = 0
+        self.violations: list[tuple[str, str]] = []
+        self.unlisted: list[str] = []
+
+    # ------------------------------------------------------------- helpers
+
+    def peek(self) -> str | None:
+        return self.tokens[self.pos] if self.pos < len(self.tokens) else None
+
+    def take(self) -> str:
+        if self.pos >= len(self.tokens):
+            raise _Unreadable("ends early")
+        self.pos += 1
+        return self.tokens[self.pos - 1]
+
+    def expect(self, *tokens: str) -> str:
+        token = self.take()
+        if token not in tokens:
+            raise _Unreadable(f"{token!r} where {' or '.join(tokens)} was expected")
+        return token
+
+    def written(self, start: int, end: int) -> str:
+        return " ".join(t for t in self.tokens[start:end] if t not in ("{", "}"))
+
+    def breach(self, why: str, start: int, end: int) -> None:
+        self.violations.append((why, self.written(start, end)))
+
+    def unlisted_token(self, token: str) -> None:
+        self.unlisted.append(token)
+
+    # ------------------------------------------------------------- grammar
+
+    def read(self) -> _Form:
+        form = self.elements({None})
+        if self.pos != len(self.tokens):
+            raise _Unreadable(f"unexpected {self.tokens[self.pos]!r}")
+        return form
+
+    def elements(self, stops: set[str | None]) -> _Form:
+        self.depth += 1
+        if self.depth > _MAX_DEPTH:
+            raise _Unreadable("nested too deep")
+        start = self.pos
+        items = [self.relation(stops)]
+        while self.peek() in _SEPARATORS:
+            self.take()
+            items.append(self.relation(stops))
+        self.depth -= 1
+        return items[0] if len(items) == 1 else _Form("other", start, self.pos)
+
+    def relation(self, stops: set[str | None]) -> _Form:
+        start = self.pos
+        form = self.sum(stops)
+        related = False
+        while self.peek() in _RELATIONS:
+            self.take()
+            self.sum(stops)
+            related = True
+        return _Form("other", start, self.pos) if related else form
+
+    def sum(self, stops: set[str | None]) -> _Form:
+        start = self.pos
+        while self.peek() in _SIGNS:
+            self.take()
+        terms = [self.product(stops)]
+        sets = False
+        while (token := self.peek()) in _SIGNS or token in _SET_OPERATORS:
+            sets |= token in _SET_OPERATORS
+            self.take()
+            while self.peek() in _SIGNS:
+                self.take()
+            terms.append(self.product(stops))
+        if len(terms) == 1:
+            return terms[0]
+        if sum(term.numeric for term in terms) > 1 and not sets:
+            self.breach("a sum of numbers", start, self.pos)
+        return _Form("numbers" if all(t.numeric for t in terms) else "other", start, self.pos)
+
+    def _starts_atom(self, token: str | None, stops: set[str | None]) -> bool:
+        return not (
+            token is None
+            or token in stops
+            or token in _CLOSERS
+            or token in _SEPARATORS
+            or token in _RELATIONS
+            or token in _SIGNS
+            or token in _SET_OPERATORS
+            or token.startswith("\\end")
+        )
+
+    def product(self, stops: set[str | None]) -> _Form:
+        start = self.pos
+        factors = [self.power(stops)]
+        operators: list[str] = []
+        while True:
+            token = self.peek()
+            if token in _PRODUCT_OPERATORS:
+                operators.append(self.take())
+            elif self._starts_atom(token, stops):
+                operators.append("")
+            else:
+                break
+            factors.append(self.power(stops))
+        if len(factors) == 1:
+            return factors[0]
+        # Segments multiplied together, each divided by the next (`3\\sqrt{2}/2`, `170/2`).
+        segments: list[list[_Form]] = [[factors[0]]]
+        divisions: list[str] = []
+        for operator, factor in zip(operators, factors[1:], strict=True):
+            if operator in ("/", "\\div"):
+                divisions.append(operator)
+                segments.append([factor])
+            else:
+                segments[-1].append(factor)
+        numeric = []
+        for i, segment in enumerate(segments):
+            numbers = [f for f in segment if f.numeric]
+            scientific = len(segment) == 2 and self._scientific(segment, operators, factors)
+            if len(numbers) > 1 and not scientific and not self._proper_mixed(segment, operators, factors):
+                mixed = any(
+                    a.kind == "int" and b.kind == "fraction"
+                    for a, b in zip(segment, segment[1:], strict=False)
+                )
+                self.breach(
+                    "a mixed number" if mixed else "a product of numbers", segment[0].start, segment[-1].end
+                )
+            numeric.append(len(numbers) == len(segment))
+            if i and numeric[-1] and numeric[-2]:
+                if divisions == ["/"] and [f.kind for f in factors] == ["int", "int"]:
+                    return _Form("fraction", start, self.pos)  # 170/2
+                self.breach("a quotient of numbers", segments[i - 1][0].start, segment[-1].end)
+        if (
+            len(segments) == 1
+            and len(factors) == 2
+            and numeric[0]
+            and self._scientific(factors, operators, factors)
+        ):
+            return _Form("notation", start, self.pos)
+        return _Form("numbers" if all(numeric) else "other", start, self.pos)
+
+    def _proper_mixed(self, pair: list[_Form], operators: list[str], factors: list[_Form]) -> bool:
+        """`3\\frac{1}{2}`: a whole number and a proper fraction, juxtaposed (`47\\frac{38}{1}` is not:
+        its fraction is not proper, so it adds two numbers rather than writing one)."""
+        if (
+            len(pair) != 2
+            or [f.kind for f in pair] != ["int", "fraction"]
+            or operators[factors.index(pair[1]) - 1]
+        ):
+            return False
+        fraction = self.tokens[pair[1].start : pair[1].end]
+        if fraction[0] not in _FRACTIONS:
+            return False
+        numbers = [int(t) for t in fraction if t.isdigit()]
+        return len(numbers) == 2 and 0 < numbers[0] < numbers[1]
+
+    def _scientific(self, pair: list[_Form], operators: list[str], factors: list[_Form]) -> bool:
+        """`8.5\\times10^{1}`, `1.2\\cdot10^3`, `8.5\\times 10`: a number times a power of ten."""
+        mantissa, ten = pair
+        if operators[factors.index(ten) - 1] not in ("\\times", "\\cdot"):
+            return False
+        if mantissa.kind not in ("int", "decimal"):
+            return False
+        if ten.kind == "ten":
+            return True
+        digits = self.tokens[mantissa.start : mantissa.end]
+        written = digits[-1] if digits else ""
+        return (
+            ten.kind == "int"
+            and self.tokens[ten.start : ten.end] == ["10"]
+            and re.fullmatch(r"[1-9]\.\d+", written) is not None
+        )
+
+    def power(self, stops: set[str | None]) -> _Form:
+        start = self.pos
+        form = self.atom(stops)
+        while (token := self.peek()) in ("^", "_", "!", "'", "\\%"):
+            self.take()
+            if token == "^":
+                if self.peek() in ("\\circ", "\\degree") or self.tokens[self.pos : self.pos + 3] == [
+                    "{",
+                    "\\circ",
+                    "}",
+                ]:
+                    self.arg()  # a degree sign: a unit
+                    continue
+                exponent = self.arg()
+                base_written = self.tokens[form.start : form.end]
+                if form.kind == "int" and base_written == ["10"] and exponent.kind == "int":
+                    form = _Form("ten", start, self.pos)
+                elif form.numeric and exponent.kind == "int":
+                    self.breach("a power of a number", start, self.pos)
+                    form = _Form("numbers", start, self.pos)
+                else:
+                    form = _Form("other", start, self.pos)  # a root (2^{1/3}), a variable's power
+            elif token == "_":
+                self.arg()
+                if form.numeric:
+                    self.breach("a subscript on a number", start, self.pos)
+                form = _Form("other" if not form.numeric else "numbers", start, self.pos)
+            elif token == "\\%":
+                form = _Form(
+                    "notation" if form.kind in ("int", "decimal", "fraction") else form.kind, start, self.pos
+                )
+            elif token == "!":
+                self.unlisted_token("!")
+                form = _Form("numbers" if form.numeric else "other", start, self.pos)
+            else:  # a prime: f'(x)
+                form = _Form("other", start, self.pos)
+        return form
+
+    def arg(self) -> _Form:
+        """A command's argument: a braced group, or one token (`\\frac12`, `10^3`)."""
+        token = self.peek()
+        if token == "{":
+            return self.atom(set())
+        if token is not None and token[0].isdigit() and len(token) > 1 and "." not in token:
+            self.tokens[self.pos : self.pos + 1] = [token[0], token[1:]]
+        return self.atom(set())
+
+    def raw_group(self) -> None:
+        """A braced argument read as text (`\\text{ apples}`, `\\mathbb{R}`)."""
+        if self.peek() != "{":
+            self.take()
+            return
+        depth = 0
+        while True:
+            token = self.take()
+            depth += {"{": 1, "}": -1}.get(token, 0)
+            if depth == 0:
+                return
+
+    def group(self, close: set[str]) -> _Form:
+        start = self.pos
+        self.take()
+        inner = self.elements(set(close))
+        self.expect(*close)
+        return _Form(inner.kind, start, self.pos)
+
+    def atom(self, stops: set[str | None]) -> _Form:
+        start = self.pos
+        token = self.take()
+        if token[0].isdigit() or token[0] == ".":
+            return _Form("decimal" if "." in token else "int", start, self.pos)
+        if len(token) == 1 and token.isalpha():
+            return _Form("other", start, self.pos)
+        if token == "{":
+            self.pos = start
+            return self.group({"}"})
+        if token in ("(", "["):
+            self.pos = start
+            inner = self.group({")", "]"})
+            single = self.tokens[self.pos - 1] == {"(": ")", "[": "]"}[token]
+            return inner if single else _Form("other", start, self.pos)  # an interval
+        if token == "\\{":
+            self.pos = start
+            self.group({"\\}"})
+            return _Form("other", start, self.pos)
+        if token == "|":
+            self.unlisted_token("|")
+            self.pos = start
+            inner = self.group({"|"})
+            return _Form("numbers" if inner.numeric else "other", start, self.pos)
+        if token in _FRACTIONS:
+            numerator, denominator = self.arg(), self.arg()
+            if numerator.kind == "int" and denominator.kind == "int":
+                return _Form("fraction", start, self.pos)
+            if numerator.numeric and denominator.numeric:
+                self.breach("a fraction of numbers that are not integers", start, self.pos)
+                return _Form("numbers", start, self.pos)
+            return _Form("other", start, self.pos)
+        if token == "\\sqrt":
+            if self.peek() == "[":
+                self.group({"]"})
+            self.arg()
+            return _Form("other", start, self.pos)  # a rational root is the parsed tree's to see
+        if token in _TEXT:
+            self.raw_group()
+            return _Form("other", start, self.pos)
+        if token in _CONSTANTS:
+            return _Form("other", start, self.pos)
+        if token == "\\boxed":
+            return _Form(self.arg().kind, start, self.pos)
+        if token.startswith("\\begin"):
+            return self.environment(token, start)
+        if token == "\\operatorname":
+            name = self.pos
+            self.raw_group()
+            self.unlisted_token("\\operatorname{" + "".join(self.tokens[name : self.pos]).strip("{}") + "}")
+            return _Form("other", start, self.pos)
+        if token not in ("\\rfloor", "\\rceil"):  # the \\lfloor, \\lceil they close is reported
+            self.unlisted_token(token)  # \\gcd, \\det, \\binom, \\sin, \\lim, \\int, ... and stray symbols
+        return _Form("other", start, self.pos)
+
+    def environment(self, begin: str, start: int) -> _Form:
+        name = begin[begin.index("{") + 1 : -1]
+        self.unlisted_token("\\begin{matrix}" if name in _MATRICES else begin)
+        if name == "array" and self.peek() == "{":
+            self.raw_group()
+        end = f"\\end{{{name}}}"
+        while self.peek() != end:
+            if self.peek() is None:
+                raise _Unreadable(f"{begin} never ends")
+            self.elements({"&", "\\\\", end})
+            if self.peek() in ("&", "\\\\"):
+                self.take()
+            elif self.peek() != end:
+                raise _Unreadable(f"unexpected {self.peek()!r} in {begin}")
+        self.take()
+        return _Form("other", start, self.pos)
+
+    def judged_tokens(self) -> None:
+        """Keep only what follows an equation's last top-level `=` (`47+38=85` commits to 85, as
+        math-verify compares only that), unless the answer is a list."""
+        depth, last = 0, -1
+        for i, token in enumerate(self.tokens):
+            if token in ("{", "(", "[", "\\{") or token.startswith("\\begin"):
+                depth += 1
+            elif token in ("}", ")", "]", "\\}") or token.startswith("\\end"):
+                depth -= 1
+            elif depth == 0 and token in _SEPARATORS:
+                return
+            elif depth == 0 and token == "=":
+                last = i
+        if last >= 0:
+            self.tokens = self.tokens[last + 1 :]
+
+
+_WHAT = {
+    "\\lim": " (a limit)",
+    "\\int": " (an integral)",
+    "\\sum": " (an unevaluated sum)",
+    "\\prod": " (an unevaluated product)",
+    "|": " (Abs)",
+    "\\lfloor": " (floor)",
+    "\\lceil": " (ceiling)",
+    "!": " (factorial)",
+    "\\det": " (a determinant)",
+    "\\begin{vmatrix}": " (a determinant)",
+}
+"""What a command outside the grammar computes, where its name does not say."""
+
+
+def _read_written(text: str, *, rhs_only: bool = False) -> _WrittenForm:
+    reader = _WrittenForm(text)
+    if rhs_only:
+        reader.judged_tokens()
+    try:
+        reader.read()
+    except RecursionError as err:
+        raise _Unreadable("nested too deep") from err
+    return reader
+
+
+def written_form_breach(gold: Sequence[str], answer: Sequence[str]) -> str | None:
+    """Why the written answer (math-verify's extracted text, before anything evaluates it) is
+    not a closed form, or None. A breach the gold itself is written with is allowed (the same
+    written part; or the same command: a gold with `\\log` allows `\\log`); a gold outside the
+    grammar leaves the answer to the parsed-tree rule alone."""
+    allowed_parts: set[str] = set()
+    allowed_tokens: set[str] = set()
+    equation = False
+    for text in gold:
+        try:
+            reader = _read_written(text)
+        except _Unreadable:
+            return None
+        allowed_parts |= {part for _, part in reader.violations}
+        allowed_tokens |= set(reader.unlisted)
+        equation |= "=" in reader.tokens
+    for text in answer:
+        try:
+            reader = _read_written(text, rhs_only=not equation)
+        except _Unreadable as err:
+            return f"not written in the closed-form grammar ({err})"
+        whys = [
+            f"{token}{_WHAT.get(token, '')} is outside the closed-form grammar"
+            for token in reader.unlisted
+            if token not in allowed_tokens
+        ]
+        whys += [f"written as {why}: {part}" for why, part in reader.violations if part not in allowed_parts]
+        if whys:
+            return "; ".join(dict.fromkeys(whys))[:200]
     return None

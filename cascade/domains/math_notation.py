@@ -33,7 +33,11 @@ def normalise_notation(text: str) -> str:
       which math-verify reads as plain text (`3√2` as 3);
     - a number in text mode its math (`\\text{85}` -> `{85}`, `\\mathrm{47+38}` -> `{47+38}`:
       as text, the first would never equal 85 and the second would escape the closed-form guard);
-    - thin-space thousands separators dropped (`1\\,000\\,000`, else read as 1*0*0).
+    - thin-space thousands separators dropped (`1\\,000\\,000`, else read as 1*0*0);
+    - a number's trailing decimal point dropped where math ends (`\\boxed{85.}` -> `\\boxed{85}`,
+      which math-verify cannot parse);
+    - scientific notation with a bare ten written with its exponent (`8.5\\times 10` ->
+      `8.5\\times10^{1}`, else read as a product of two numbers).
     """
     if "overline" in text:
         text = _REPEATING.sub(_repeating_as_fraction, text)
@@ -45,6 +49,10 @@ def normalise_notation(text: str) -> str:
         text = _TEXT_NUMBER.sub(r"{\1}", text)
     if any(sep in text for sep in ("\\,", "\\;", "\\:", "\\ ", "{,}")):
         text = _THIN_THOUSANDS.sub(lambda m: _THIN_SEPARATOR.sub("", m.group()), text)
+    if "." in text:
+        text = _TRAILING_POINT.sub("", text)
+        if "10" in text:
+            text = _BARE_TEN.sub(r"\1\2 10^{1}", text)
     return text
 
 
@@ -86,6 +94,13 @@ _TEXT_NUMBER = re.compile(
 _THIN_THOUSANDS = re.compile(r"(?<![\d.])\d{1,3}(?:(?:\\[,;: ]\s*|\{,\})\d{3})+(?![\d])")
 """`1\\,000\\,000`, `1\\;000`, `1{,}000`: digit groups of three separated by a LaTeX space."""
 _THIN_SEPARATOR = re.compile(r"\\[,;: ]\s*|\{,\}")
+
+
+_TRAILING_POINT = re.compile(r"(?<=\d)\.(?=\s*(?:[}$,)\]]|\\[)\]}]))")
+"""A decimal point with no digits after it, at the end of a group, an element or the math
+(`85.}`, `85.$`, `(1., 2.)`)."""
+_BARE_TEN = re.compile(r"((?<![\d.])[1-9]\.\d+\s*)(\\times|\\cdot)\s*10(?![\d.^])")
+"""Scientific notation whose power of ten is a bare 10 (`8.5\\times 10`, one digit before the point)."""
 
 
 _TEXT_DOLLAR = re.compile(r"\\text(?:rm)?\s*\{\s*\\\$\s*\}")

@@ -108,6 +108,13 @@ CASES: list[HostileCase] = [
     _echo("times_cosine_of_two_pi", "\\boxed{47 + 38\\cos(2\\pi)}"),
     _echo("times_conjugate_product", "\\boxed{47 + 38(1+\\sqrt{2})(\\sqrt{2}-1)}"),
     _echo("matrix_of_echo", "\\boxed{\\begin{pmatrix}47+38\\end{pmatrix}}"),
+    # -- the problem's arithmetic inside something the parser evaluates while reading it
+    _echo("gcd_of_echo", "\\boxed{\\gcd(47+38)}"),
+    _echo("lcm_with_one", "\\boxed{\\operatorname{lcm}(47+38,1)}"),
+    _echo("determinant", "\\boxed{\\det\\begin{pmatrix}47&-38\\\\1&1\\end{pmatrix}}"),
+    _echo("vmatrix_determinant", "\\boxed{\\begin{vmatrix}30&12\\\\1&1\\end{vmatrix}}", SUB),
+    _echo("mixed_number_sum", "\\boxed{47\\frac{38}{1}}"),
+    _echo("binomial_of_value", "\\boxed{\\tbinom{85}{1}}"),
     # -- radicals read loosely: a gold of 3 must not accept 3 times a radical
     _echo("unicode_radical_for_integer", "The answer is 3\u221a2", THREE),
     _echo("unboxed_radical_for_integer", "So the answer is 3\\sqrt{2}.", THREE),
@@ -163,4 +170,6 @@ RIGHT: list[RightCase] = [
     ),
     RightCase("gold_written_as_power", SUBSETS, "\\boxed{2^{10}}"),
     RightCase("power_gold_as_integer", SUBSETS, "\\boxed{1024}"),
+    RightCase("trailing_point", ADD, "\\boxed{85.}"),
+    RightCase("scientific_bare_ten", ADD, "\\boxed{8.5\\times 10}"),
 ]
