@@ -101,6 +101,9 @@ def _use(stack: LocalStack, config: Path, run_dir: Path, db: str | None) -> None
 
 def _two_stage(data: dict[str, Any]) -> None:
     data["rollout"] = {"seeding": "per_request", "prompts_per_request": 2}
+    # stage 2 samples in thinking mode: its prompts, the decode that keeps the reasoning markers
+    # and the verdicts on what follows them are the same in both modes
+    data["stages"][1]["grpo"]["thinking"] = True
     for stage in data["stages"]:
         stage["advance"]["max_steps"] = 3
         # sampled eval through the rollout service, seeded as in the embedded run
