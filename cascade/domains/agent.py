@@ -53,7 +53,7 @@ from cascade.tools.environment import (
     call_spans,
     read_call,
 )
-from cascade.tools.episode import Episode, replay
+from cascade.tools.episode import Episode, read_record, replay, replay_turns
 from cascade.tools.template import (
     TOOL_CHAT_TEMPLATE,
     ToolCallText,
@@ -245,7 +245,8 @@ class AgentDomain:
         except (TypeError, ValueError) as err:
             return RewardVerdict(0.0, INFRA_ERROR, f"problem {problem.id}: {err}"), EpisodeStats()
         try:
-            episode = replay(completion, env)
+            turns = read_record(completion)
+            episode = replay(completion, env) if turns is None else replay_turns(turns, env)
         except ToolUnavailable as err:
             return RewardVerdict(0.0, INFRA_ERROR, str(err)), env.stats
         return self._judge(problem, episode, env), env.stats

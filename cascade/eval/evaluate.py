@@ -110,7 +110,7 @@ def _completions(
         round_seed=lambda r: None if seed is None else request_seed(seed, "turn", r),
         keep_kv=setup.keep_kv,
     )
-    return out.texts, out.stats
+    return out.records, out.stats  # the verifier judges the loop's record, never the text re-parsed
 
 
 def tool_use_metrics(episodes: list[EpisodeStats], *, seed: int, level: float) -> dict[str, MetricValue]:

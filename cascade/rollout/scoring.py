@@ -34,7 +34,7 @@ def generate_and_score(
     if turns is None:
         result = generate_fn(req.prompt_ids, req.group_size, req.sampling())
         gen, version = result.generation, result.version
-        texts = decode(gen.completion_ids)
+        texts = scored = decode(gen.completion_ids)
     else:
         if encode is None:
             raise ValueError(f"domain {req.domain}: multi-turn rollouts need an encoder")
@@ -56,13 +56,13 @@ def generate_and_score(
             keep_kv=turns.keep_kv,
         )
         gen = Generation(episodes.completion_ids, episodes.logprobs, episodes.finish_reasons)
-        version, texts = episodes.version, episodes.texts
+        version, texts, scored = episodes.version, episodes.texts, episodes.records
         layouts = [[[n, int(m)] for n, m in lay.runs] for lay in episodes.layouts]
         episode_counts = [s.as_metrics() for s in episodes.stats]
         unavailable = episodes.unavailable
     t_gen = time.perf_counter()
     verdicts = apply_overlong(
-        score(req.domain, problems, texts, req.reward_config), gen.finish_reasons, req.overlong
+        score(req.domain, problems, scored, req.reward_config), gen.finish_reasons, req.overlong
     )
     if any(unavailable):  # a tool the infrastructure could not run: never a reward the model earned
         verdicts = [

@@ -45,6 +45,7 @@ from cascade.algo.turn_mask import TurnLayout
 from cascade.engine.base import SamplingSettings, TurnStep, VersionedGeneration
 from cascade.tools.builtin import ToolUnavailable
 from cascade.tools.environment import MALFORMED_KINDS, EpisodeStats, ToolEnvironment, episode_metrics
+from cascade.tools.episode import record_text
 from cascade.tools.template import ToolFormat
 
 GenerateFn = Callable[[list[list[int]], int, SamplingSettings], VersionedGeneration]
@@ -87,6 +88,9 @@ class TurnRollout:
     finish_reasons: list[str]
     texts: list[str]
     """The transcript: decoded model turns with the environment's text between them."""
+    records: list[str]
+    """What the verifier scores: the loop's record of each episode (`episode.record_text`, its
+    model turns as the loop stepped them), never the transcript re-parsed."""
     layouts: list[TurnLayout]
     stats: list[EpisodeStats]
     version: int
@@ -200,6 +204,7 @@ def run_turns(
         logprobs=[lay.scatter(e.model_logprobs) for lay, e in zip(layouts, episodes, strict=True)],
         finish_reasons=[e.finish or "stop" for e in episodes],
         texts=["".join(e.text) for e in episodes],
+        records=[record_text(e.text[0::2]) for e in episodes],
         layouts=layouts,
         stats=[_model_turns(e) for e in episodes],
         version=min(versions),
