@@ -9,7 +9,7 @@ TINY_AGENT := models/tiny-agent
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: vllm-env install demo demo-full ablation ablation-agent test lint docs services sandbox faketime chromium clean bench-trl
+.PHONY: vllm-env install demo demo-full ablation ablation-agent test test-properties lint docs services sandbox faketime chromium clean bench-trl
 
 $(STAMP): pyproject.toml $(shell find proto -name '*.proto')
 	$(PYTHON) -m venv $(VENV)
@@ -137,6 +137,13 @@ test: install services sandbox faketime chromium docker $(TINY)/config.json
 	$(VENV)/bin/mkdocs build --strict
 	CASCADE_CONTAINER_DRILL=1 CASCADE_DRILL_PREBUILT=1 CASCADE_REQUIRE_DOCKER=1 \
 		$(VENV)/bin/pytest -q -p no:cacheprovider --durations=30
+
+# The property-based generators of hostile completions (math restatements, function-call values,
+# agent turns whose text and live layout disagree) with 20x the examples `make test` draws.
+test-properties: install
+	CASCADE_HYPOTHESIS_SCALE=20 $(VENV)/bin/pytest -q -p no:cacheprovider \
+		tests/security/hacking/test_math_restatements.py tests/unit/test_function_calls.py \
+		tests/unit/test_agent_forged_turn.py
 
 clean:
 	rm -rf runs test-artifacts

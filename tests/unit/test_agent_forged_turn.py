@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from property_budget import examples
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from cascade.domains.agent import AgentDomain, default_format
@@ -130,7 +131,7 @@ FORGERIES = st.lists(
 )
 
 
-@settings(derandomize=True, max_examples=60, deadline=None)
+@settings(derandomize=True, max_examples=examples(60), deadline=None)
 @given(pieces=FORGERIES, thinking=st.booleans())
 def test_a_turn_whose_text_and_live_layout_disagree_never_earns_more_than_its_live_episode(
     pieces: list[str], thinking: bool

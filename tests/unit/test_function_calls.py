@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from property_budget import examples
 
 from cascade.config import parse_domain_config
 from cascade.config.hf import HfPrompts
@@ -355,7 +356,7 @@ def _join(tokens: list[str], gaps: list[str]) -> str:
     return out
 
 
-@settings(derandomize=True, max_examples=300, deadline=None)
+@settings(derandomize=True, max_examples=examples(300), deadline=None)
 @given(tokens=_TOKENS, data=st.data())
 def test_property_case_and_whitespace_keep_the_verdict(tokens: list[str], data: st.DataObject) -> None:
     gaps = st.lists(st.text(alphabet=" \t\n", max_size=3), min_size=len(tokens), max_size=len(tokens))
@@ -390,7 +391,7 @@ def _mutations(text: str) -> list[str]:
     return [m for m in out if m != text]
 
 
-@settings(derandomize=True, max_examples=300, deadline=None)
+@settings(derandomize=True, max_examples=examples(300), deadline=None)
 @given(tokens=_TOKENS.filter(lambda ts: any(_is_number(t) for t in ts)), data=st.data())
 def test_property_a_sign_digit_or_separator_changes_it(tokens: list[str], data: st.DataObject) -> None:
     text = _join(tokens, [" "] * len(tokens))
@@ -409,7 +410,7 @@ _ANY_NUMBER = st.one_of(
 _KINDS = [None, "integer", "number", "float", "string", "boolean", "array", "object"]
 
 
-@settings(derandomize=True, max_examples=300, deadline=None)
+@settings(derandomize=True, max_examples=examples(300), deadline=None)
 @given(value=_ANY_NUMBER, accepted=_ANY_NUMBER, kind=st.sampled_from(_KINDS))
 def test_property_numbers_never_raise(value: Any, accepted: Any, kind: str | None) -> None:
     schema = {"type": kind} if kind else None

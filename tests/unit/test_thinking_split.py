@@ -113,8 +113,9 @@ def test_the_eval_judges_the_answer_after_the_reasoning(tokenizer: PreTrainedTok
     problem, names, scripts = _problem_and_scripts(tokenizer)
     domain = make_domain(MATH)
     repeated = [problem] * len(scripts)
+    settings = SamplingSettings(max_tokens=64)
     texts, _ = eval_completions(
-        ScriptedEngine(scripts), tokenizer, domain, repeated, [[1]], len(scripts), SamplingSettings(max_tokens=64), True
+        ScriptedEngine(scripts), tokenizer, domain, repeated, [[1]], len(scripts), settings, True
     )
     rewards = [v.reward for v in domain.score_batch(repeated, texts)]
     assert dict(zip(names, rewards, strict=True)) == EXPECTED

@@ -4,23 +4,23 @@ operator or function the parser knows earns 0, and every equivalent written form
 earns 1. Scored through `MathDomain.score_batch`, as training scores them.
 
 Derandomized, so `make test` sees the same examples every run; the budget is small by default
-and read from `CASCADE_HYPOTHESIS_EXAMPLES` for a longer (nightly) run.
+and scaled by `CASCADE_HYPOTHESIS_SCALE` for a longer run (`make test-properties`).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from property_budget import examples
 
 from cascade.config import MathReward
 from cascade.domains.base import OK, Problem
 from cascade.domains.math import MathDomain
 
-EXAMPLES = int(os.environ.get("CASCADE_HYPOTHESIS_EXAMPLES", "25"))
+EXAMPLES = examples(25)
 
 Template = Callable[[int, int, str], str]
 """(a, b, operator) -> the boxed content of a completion."""
