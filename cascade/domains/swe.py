@@ -404,7 +404,9 @@ class BugTemplate:
     """A function with one buggy spot: `code` with `{line}` where `buggy` / `fixed` goes.
 
     `code`, `buggy`, `fixed` and `tests` may use `{f}` (function name), `{xs}` (list argument)
-    and `{k}` (a constant from `ks`).
+    and `{k}` (a constant from `ks`). Each test is `<call> == <value>` or `<call> is <value>`
+    (`value_checks`); together they must reject at least 95% of the mechanical mutants of the
+    fixed function, for every `k` (`tests/unit/test_swe_mutants.py`).
     """
 
     kind: str
@@ -426,7 +428,7 @@ TEMPLATES: tuple[BugTemplate, ...] = (
         "    for i in range(1, {line}):\n        total += i\n    return total\n",
         "n",
         "n + 1",
-        ("{f}(3) == 6", "{f}(1) == 1"),
+        ("{f}(3) == 6", "{f}(1) == 1", "{f}(0) == 0", "{f}(10) == 55"),
     ),
     BugTemplate(
         "off_by_one",
@@ -435,7 +437,7 @@ TEMPLATES: tuple[BugTemplate, ...] = (
         "    return {xs}[{line}]\n",
         "len({xs})",
         "len({xs}) - 1",
-        ("{f}([4, 5, 6]) == 6",),
+        ("{f}([4, 5, 6]) == 6", "{f}([7]) == 7", "{f}([2, 9, 1, 3]) == 3"),
     ),
     BugTemplate(
         "off_by_one",
@@ -445,7 +447,13 @@ TEMPLATES: tuple[BugTemplate, ...] = (
         "            count += 1\n    return count\n",
         "len({xs}) - 1",
         "len({xs})",
-        ("{f}([1, 5, 2], 3) == 2", "{f}([1, 2], 9) == 2"),
+        (
+            "{f}([1, 5, 2], 3) == 2",
+            "{f}([1, 2], 9) == 2",
+            "{f}([3, 1, 3, 4], 3) == 1",
+            "{f}([-4, 0, 7], 0) == 1",
+            "{f}([], 5) == 0",
+        ),
     ),
     BugTemplate(
         "off_by_one",
@@ -454,7 +462,7 @@ TEMPLATES: tuple[BugTemplate, ...] = (
         "    return {xs}[:{line}]\n",
         "n - 1",
         "n",
-        ("{f}([1, 2, 3], 2) == [1, 2]",),
+        ("{f}([1, 2, 3], 2) == [1, 2]", "{f}([4, 5, 6], 3) == [4, 5, 6]", "{f}([7, 8], 0) == []"),
     ),
     BugTemplate(
         "wrong_operator",
@@ -462,7 +470,7 @@ TEMPLATES: tuple[BugTemplate, ...] = (
         'def {f}(a, b):\n    """Return the sum of a and b."""\n    return {line}\n',
         "a - b",
         "a + b",
-        ("{f}(2, 3) == 5",),
+        ("{f}(2, 3) == 5", "{f}(-4, 10) == 6", "{f}(7, 0) == 7"),
     ),
     BugTemplate(
         "wrong_operator",
@@ -471,7 +479,7 @@ TEMPLATES: tuple[BugTemplate, ...] = (
         "    return sum({xs}) {line} len({xs})\n",
         "*",
         "/",
-        ("{f}([2, 4]) == 3",),
+        ("{f}([2, 4]) == 3", "{f}([1, 2]) == 1.5", "{f}([-7, 2]) == -2.5", "{f}([5]) == 5"),
     ),
     BugTemplate(
         "wrong_operator",
@@ -480,7 +488,7 @@ TEMPLATES: tuple[BugTemplate, ...] = (
         "    return width {line} height\n",
         "+",
         "*",
-        ("{f}(3, 4) == 12",),
+        ("{f}(3, 4) == 12", "{f}(2, 7) == 14", "{f}(5, 0) == 0", "{f}(1, 6) == 6"),
     ),
     BugTemplate(
         "wrong_operator",
@@ -488,7 +496,7 @@ TEMPLATES: tuple[BugTemplate, ...] = (
         'def {f}(x):\n    """Return x multiplied by {k}."""\n    return x {line} {k}\n',
         "+",
         "*",
-        ("{f}(5) == 5 * {k}",),
+        ("{f}(5) == 5 * {k}", "{f}(-3) == -3 * {k}", "{f}(0) == 0", "{f}(1) == {k}"),
         ks=tuple(range(2, 10)),
     ),
     BugTemplate(
@@ -499,7 +507,7 @@ TEMPLATES: tuple[BugTemplate, ...] = (
         "    return best\n",
         "<",
         ">",
-        ("{f}([3, 9, 2]) == 9",),
+        ("{f}([3, 9, 2]) == 9", "{f}([5]) == 5", "{f}([-4, -1, -7]) == -1", "{f}([8, 3, 8]) == 8"),
     ),
     BugTemplate(
         "wrong_comparison",
@@ -507,7 +515,7 @@ TEMPLATES: tuple[BugTemplate, ...] = (
         'def {f}(age):\n    """Return True if age is at least {k}."""\n    return age {line} {k}\n',
         ">",
         ">=",
-        ("{f}({k}) is True", "{f}({k} - 1) is False"),
+        ("{f}({k}) is True", "{f}({k} - 1) is False", "{f}({k} + 1) is True", "{f}(0) is False"),
         ks=tuple(range(16, 22)),
     ),
     BugTemplate(
@@ -517,7 +525,14 @@ TEMPLATES: tuple[BugTemplate, ...] = (
         "    return low <= x {line} high\n",
         "<",
         "<=",
-        ("{f}(5, 1, 5) is True", "{f}(6, 1, 5) is False"),
+        (
+            "{f}(5, 1, 5) is True",
+            "{f}(6, 1, 5) is False",
+            "{f}(1, 1, 5) is True",
+            "{f}(0, 1, 5) is False",
+            "{f}(3, 1, 5) is True",
+            "{f}(-2, -3, -1) is True",
+        ),
     ),
     BugTemplate(
         "wrong_comparison",
@@ -525,7 +540,7 @@ TEMPLATES: tuple[BugTemplate, ...] = (
         'def {f}(x):\n    """Return True if x is even."""\n    return x % 2 {line} 0\n',
         "!=",
         "==",
-        ("{f}(4) is True", "{f}(3) is False"),
+        ("{f}(4) is True", "{f}(3) is False", "{f}(0) is True", "{f}(-7) is False", "{f}(-6) is True"),
     ),
     BugTemplate(
         "wrong_return",
@@ -534,7 +549,7 @@ TEMPLATES: tuple[BugTemplate, ...] = (
         "    count = 0\n    for x in {xs}:\n        if x > 0:\n            count += 1\n    return {line}\n",
         "x",
         "count",
-        ("{f}([1, -2, 3]) == 2", "{f}([5, 0]) == 1"),
+        ("{f}([1, -2, 3]) == 2", "{f}([5, 0]) == 1", "{f}([]) == 0", "{f}([-1, -2]) == 0"),
     ),
     BugTemplate(
         "wrong_return",
@@ -544,7 +559,7 @@ TEMPLATES: tuple[BugTemplate, ...] = (
         "            return {line}\n    return -1\n",
         "x",
         "i",
-        ("{f}([7, 8, 9], 9) == 2", "{f}([7], 5) == -1"),
+        ("{f}([7, 8, 9], 9) == 2", "{f}([7], 5) == -1", "{f}([4, 6, 4], 4) == 0", "{f}([9, 8], 8) == 1"),
     ),
     BugTemplate(
         "wrong_return",
@@ -553,7 +568,14 @@ TEMPLATES: tuple[BugTemplate, ...] = (
         "    if x < low:\n        return low\n    if x > high:\n        return high\n    return {line}\n",
         "low",
         "x",
-        ("{f}(5, 0, 10) == 5", "{f}(-1, 0, 10) == 0"),
+        (
+            "{f}(5, 0, 10) == 5",
+            "{f}(-1, 0, 10) == 0",
+            "{f}(15, 0, 10) == 10",
+            "{f}(10, 0, 10) == 10",
+            "{f}(0, 0, 10) == 0",
+            "{f}(-5, -8, -2) == -5",
+        ),
     ),
     BugTemplate(
         "wrong_return",
@@ -562,7 +584,7 @@ TEMPLATES: tuple[BugTemplate, ...] = (
         "    if x < 0:\n        return {line}\n    return x\n",
         "x",
         "-x",
-        ("{f}(-3) == 3", "{f}(2) == 2"),
+        ("{f}(-3) == 3", "{f}(2) == 2", "{f}(-1) == 1", "{f}(0) == 0"),
     ),
 )
 
