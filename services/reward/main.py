@@ -38,7 +38,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="comma-separated domains scored by the Celery workers; the rest are scored in this "
         "process (default: %(default)s)",
     )
-    p.add_argument("--chunk-size", type=int, default=8, help="items per Celery task (default: %(default)s)")
+    p.add_argument(
+        "--chunk-size",
+        type=int,
+        default=1,
+        help="items per Celery task (default: %(default)s: a slow item holds one worker process, "
+        "never its neighbours)",
+    )
     p.add_argument(
         "--task-timeout-s",
         type=float,
@@ -59,8 +65,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--item-timeout-s",
         type=float,
         default=30.0,
-        help="one item's scoring time in a local process before it is stopped and judged `timeout` "
-        "(math: its reward's timeout_s + 2 instead; default: %(default)s)",
+        help="one item's scoring time, in a local process or on a Celery worker (an agent episode: "
+        "all its tool calls), before it is stopped and judged `timeout` (math in a local process: "
+        "its reward's timeout_s + 2 instead; default: %(default)s)",
     )
     args = p.parse_args(argv)
     domains = {"math", "code", "if", "swe", "rlhf", "agent"}
@@ -106,7 +113,10 @@ def serve(args: argparse.Namespace) -> int:
         local = InProcess(DomainCache(), args.chunk_size)
     dispatcher = Dispatcher(
         DispatchConfig(
-            remote_domains=args.remote_domains, chunk_size=args.chunk_size, task_timeout_s=args.task_timeout_s
+            remote_domains=args.remote_domains,
+            chunk_size=args.chunk_size,
+            task_timeout_s=args.task_timeout_s,
+            item_budget_s=args.item_timeout_s,
         ),
         celery_app,
         local,

@@ -3,9 +3,15 @@ Celery workers (heavy ones).
 
 `Dispatcher.stream` yields `(index, verdict)` as chunks finish; `Dispatcher.score` collects
 them in order. Infra policy: when the broker or result backend cannot be reached, a task
-fails, or a chunk is not back within `task_timeout_s`, its items come back as `infra_error`
-verdicts (reward 0.0 that is not a score; the learner drops or retries them). The RPC itself
-still succeeds, so one dead chunk does not discard the rest of the batch.
+fails, or a chunk is not back within `task_timeout_s` (or by the client's deadline), its items
+come back as `infra_error` verdicts (reward 0.0 that is not a score; the learner drops or
+retries them), but for those its worker has already published (`tasks.PROGRESS`): a finished
+item keeps its verdict whatever its neighbours do. The RPC itself still succeeds, so one dead
+chunk does not discard the rest of the batch.
+
+Each item has its own time budget on the workers (`DispatchConfig.item_budget_s`, see
+`budget`): one over it is `timeout`, never `infra_error`. Tasks are queued with priorities
+(`priority`), so a client's first items pass another client's backlog.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from cascade.domains import RewardVerdict
 from cascade.domains.base import INFRA_ERROR
 from services.reward.batch import Batch, indexed, infra_verdicts, verdicts_from_json
 from services.reward.local import DEADLINE_PASSED, LocalScoring
-from services.reward.tasks import TASK_NAME
+from services.reward.tasks import PRIORITY_LEVELS, PROGRESS, TASK_NAME
 
 log = logging.getLogger(__name__)
 
@@ -45,10 +51,14 @@ class DispatchConfig:
     remote_when_heavy: frozenset[str] = frozenset({"swe", "agent"})
     """Domains scored by the workers too when their reward config says it is heavy (`heavy`:
     swe's execution mode runs the sandbox, its judge a model; agent's python tool the sandbox)."""
-    chunk_size: int = 8
-    """Items per Celery task (the local processes take one item at a time)."""
+    chunk_size: int = 1
+    """Items per Celery task (the local processes take one item at a time). One: each item is
+    a task of its own, so a slow item holds one worker process, never its neighbours."""
     task_timeout_s: float = 300.0
     """How long the front waits for a batch's tasks before marking the rest `infra_error`."""
+    item_budget_s: float | None = 30.0
+    """What one item may take on a Celery worker (an agent episode: all its tool calls) before
+    it is stopped and judged `timeout` (see `budget`); None: no budget."""
 
 
 class Dispatcher:
@@ -100,11 +110,11 @@ class Dispatcher:
         deadline = time.monotonic() + timeout_s
         pending: dict[range, AsyncResult] = {}
         queue_error = ""
-        for indices in batch.chunks(self.config.chunk_size):
+        for k, indices in enumerate(batch.chunks(self.config.chunk_size)):
             if not queue_error:
                 try:
-                    args = [batch.domain_json, batch.payload(indices)]
-                    pending[indices] = self.celery_app.send_task(TASK_NAME, args=args)
+                    args = [batch.domain_json, batch.payload(indices), self.config.item_budget_s]
+                    pending[indices] = self.celery_app.send_task(TASK_NAME, args=args, priority=priority(k))
                     continue
                 except Exception as err:  # broker or result store unreachable: stop trying
                     log.warning("cannot queue a %s task: %r", batch.domain.name, err)
@@ -126,13 +136,40 @@ class Dispatcher:
             if pending and left <= 0:
                 for indices, result in list(pending.items()):
                     del pending[indices]
-                    _forget(result)
-                    detail = f"no reward worker finished this chunk within {timeout_s:.3g}s"
+                    detail = f"no reward worker finished this item within {timeout_s:.3g}s"
                     if rpc_deadline:
                         detail = f"{DEADLINE_PASSED} ({detail})"
-                    yield from indexed(indices, infra_verdicts(len(indices), detail))
+                    known = _progress(result, len(indices))
+                    _forget(result)
+                    for k, i in enumerate(indices):
+                        yield i, known.get(k) or RewardVerdict(0.0, INFRA_ERROR, detail)
             elif pending and not ready:
                 _wait_a_little(next(iter(pending.values())), left)
+
+
+def priority(k: int) -> int:
+    """The priority of a request's `k`-th task (0 first; see `tasks.PRIORITY_LEVELS`): 0 for
+    its first, 1 for its second, 2 for the next two, 3 for the four after... A request's
+    first tasks thus pass the backlog of a bigger one queued before it (round robin, by
+    powers of two), so a client's few easy items wait for a worker process to finish its
+    current item, not for another client's whole batch."""
+    return min(PRIORITY_LEVELS - 1, k.bit_length())
+
+
+def _progress(result: AsyncResult, n: int) -> dict[int, RewardVerdict]:
+    """The verdicts a task still running has published (`tasks.PROGRESS`), by its item index."""
+    try:
+        if result.state != PROGRESS or not isinstance(result.info, dict):
+            return {}
+        known = result.info.get("verdicts", {})
+        return {
+            int(k): RewardVerdict(float(r), str(reason), str(detail))
+            for k, (r, reason, detail) in known.items()
+            if 0 <= int(k) < n
+        }
+    except Exception as err:  # the result store, or a malformed state: nothing is known
+        log.debug("cannot read the progress of task %s: %r", result.id, err)
+        return {}
 
 
 def _wait_a_little(result: AsyncResult, left: float) -> None:

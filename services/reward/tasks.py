@@ -22,13 +22,21 @@ from typing import Any
 from celery import Celery, Task
 from celery.signals import worker_init, worker_process_shutdown, worker_ready
 
+from cascade.domains import RewardVerdict
 from services.reward.batch import DomainCache, batch_from_payload, infra_verdicts, verdicts_to_json
+from services.reward.budget import score_each
 
 log = logging.getLogger(__name__)
 
 QUEUE = "cascade-reward"
 TASK_NAME = "cascade.reward.score_items"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+PROGRESS = "PROGRESS"
+"""The state of a task that has scored some of its items (its meta: their verdicts)."""
+PRIORITY_LEVELS = 10
+"""Task priorities 0 (first) to 9 (Redis serves the lower number first): the front gives a
+request's k-th task priority `min(9, k.bit_length())`, so a small request's tasks pass a big
+request's backlog (see `scoring`)."""
 
 
 def celery_settings(
@@ -60,6 +68,8 @@ def celery_settings(
         "task_time_limit": task_time_limit_s,
         "result_expires": 3600,
         "broker_transport_options": {
+            "priority_steps": list(range(PRIORITY_LEVELS)),
+            "queue_order_strategy": "priority",
             "visibility_timeout": visibility_timeout_s,
             "unacked_restore_interval": restore_interval_s,
             "unacked_restore_throttle": 1,  # scan on every sweep (kombu's default: every 10th)
@@ -177,10 +187,28 @@ class ScoringTask(Task):
 
 
 @app.task(bind=True, base=ScoringTask, name=TASK_NAME)
-def score_items(self: ScoringTask, domain_json: str, items: list[dict[str, Any]]) -> list[list[Any]]:
-    """[reward, reason, detail] per item; a failure to score is an `infra_error` verdict."""
+def score_items(
+    self: ScoringTask, domain_json: str, items: list[dict[str, Any]], budget_s: float | None = None
+) -> list[list[Any]]:
+    """[reward, reason, detail] per item; a failure to score is an `infra_error` verdict.
+
+    Items are scored one at a time, each within `budget_s` (`budget.score_each`: one over it
+    is `timeout`). After each item but the last, the verdicts so far are published as the
+    task's `PROGRESS` state (`{"verdicts": {index: [reward, reason, detail]}}`), so a front
+    whose client's deadline comes first still answers the finished ones.
+    """
     try:
         batch = batch_from_payload(domain_json, items)
     except (ValueError, KeyError, TypeError) as err:
         return verdicts_to_json(infra_verdicts(len(items), f"malformed task payload: {err!r:.200}"))
-    return verdicts_to_json(self.domains.score(batch))
+    known: dict[str, list[Any]] = {}
+
+    def done(i: int, verdict: RewardVerdict) -> None:
+        known[str(i)] = verdicts_to_json([verdict])[0]
+        if len(known) < len(items) and self.request.id is not None:
+            try:
+                self.update_state(state=PROGRESS, meta={"verdicts": known})
+            except Exception:  # the result store: the final result may still get through
+                log.warning("cannot publish the progress of task %s", self.request.id, exc_info=True)
+
+    return verdicts_to_json(score_each(self.domains, batch, budget_s, done))

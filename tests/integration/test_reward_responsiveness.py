@@ -11,8 +11,12 @@ deadline (behind one math worker, first come first served, they waited for all s
 client whose deadline passes gets its verdicts, the unscored ones `infra_error` saying so,
 before its deadline, and the metrics count them.
 
-The domains the Celery workers score (code, rlhf, swe in execution mode) never run in the
-front; their worst cases are in tests/security/hacking (through the service too).
+The domains the Celery workers score (code, rlhf, swe in execution mode, agent with the
+python tool) never run in the front; their worst cases are in tests/security/hacking (through
+the service too). The last tests hold the workers to the same: at a client's deadline the
+finished items keep their verdicts (a slow one in their task or not), a second client's easy
+items pass a worst batch's backlog, and an agent episode whose tool calls run past its item
+budget is `timeout` while its neighbours are scored.
 """
 
 from __future__ import annotations
@@ -22,16 +26,18 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
-from reward_procs import Front, free_port
+from reward_procs import REDIS, Front, Proc, flush_or_skip, free_port, redis_client, start_worker
 
 from cascade.config import DomainConfig
 from cascade.domains import Problem, make_domain
+from cascade.domains.agent import default_format, render_trace
 from cascade_proto.v1 import reward_pb2 as pb
 from cascade_proto.v1 import reward_pb2_grpc as pb_grpc
 
@@ -183,3 +189,158 @@ def test_items_left_at_the_deadline_say_so_before_it(front: Front) -> None:
     # The workers that were on the expired items were stopped: the next request is served.
     reply = stub.Score(_request("math", [math.answer], math), timeout=20)
     assert [v.reason for v in reply.verdicts] == ["ok"]
+
+
+# --------------------------------------------------------------------------- through the workers
+# The same guarantees for the domains the Celery workers score (code; agent with the python
+# tool): an item's verdict never depends on its neighbours. A real worker (two processes)
+# over Redis db 7; "fair" is a front with the default chunking, "chunky" one with 8 items a
+# task; both give each item a 4 s budget.
+
+WORKER_DB = 7
+BUDGET_S = 4.0
+LOOP = "```python\nwhile True:\n    pass\n```"
+AGENT_CONFIG = {"kind": "agent", "python_tool": True}
+
+
+@dataclass
+class Workers:
+    fair: Front
+    chunky: Front
+
+
+@pytest.fixture(scope="module")
+def workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Workers]:
+    flush_or_skip(WORKER_DB)
+    log_dir: Path = tmp_path_factory.mktemp("reward-workers")
+    url = f"redis://{REDIS}/{WORKER_DB}"
+    budget = ("--item-timeout-s", str(BUDGET_S), "--local-workers", "1")
+    procs: list[Proc | Front] = []
+    try:
+        worker = start_worker("fair-worker", url, log_dir, concurrency=2)
+        procs.append(worker)
+        fronts = [
+            Front("fair", url, log_dir, *budget),
+            Front("chunky", url, log_dir, "--chunk-size", "8", *budget),
+        ]
+        procs += fronts
+        worker.wait_for_log("ready.", 60)
+        for f in fronts:
+            f.wait_serving(120)
+        service = Workers(*fronts)
+        code = _problems("code", 2)  # warm both worker processes' sandboxes
+        reply = _stub(service.fair).Score(_code_request(code, [p.answer for p in code]), timeout=60)
+        assert [v.reason for v in reply.verdicts] == ["ok", "ok"], reply
+        yield service
+    finally:
+        for proc in procs:
+            proc.stop()
+        redis_client(WORKER_DB).flushdb()
+
+
+def _stub(front: Front) -> pb_grpc.RewardServiceStub:
+    return pb_grpc.RewardServiceStub(front.channel)
+
+
+def _problems(domain: str, n: int, reward: dict[str, object] | None = None) -> list[Problem]:
+    config = DomainConfig.model_validate({"name": domain, "reward": reward})
+    return make_domain(config).make_problems("eval", n, 0)
+
+
+def _items(problems: list[Problem], completions: list[str]) -> list[pb.Item]:
+    return [
+        pb.Item(
+            problem=pb.Problem(
+                id=f"{p.id}-{i}", prompt=p.prompt, answer=p.answer, meta_json=json.dumps(p.meta)
+            ),
+            completion=c,
+        )
+        for i, (p, c) in enumerate(zip(problems, completions, strict=True))
+    ]
+
+
+def _code_request(problems: list[Problem], completions: list[str], config: str = "") -> pb.ScoreRequest:
+    return pb.ScoreRequest(domain="code", reward_config_json=config, items=_items(problems, completions))
+
+
+@pytest.mark.parametrize("which", ["fair", "chunky"])
+def test_finished_items_keep_their_verdicts_at_the_deadline(workers: Workers, which: str) -> None:
+    """A slow item (a program looping to its 8 s limit) and easy ones under a 4 s deadline:
+    the easy ones come back right, only the slow one is `infra_error` (the deadline's). With 8
+    items a task, the items after the slow one in its task wait for it: only those scored
+    before it are asserted there."""
+    front = getattr(workers, which)
+    problems = _problems("code", 4)
+    completions = [problems[0].answer, "```python\ndef f(x):\n    return -999\n```", LOOP, problems[3].answer]
+    if which == "fair":  # the slow item amid the easy ones
+        completions = [completions[0], completions[2], completions[1], completions[3]]
+    start = time.monotonic()
+    config = json.dumps({"time_limit_s": 8})
+    reply = _stub(front).Score(_code_request(problems, completions, config), timeout=4)
+    elapsed = time.monotonic() - start
+    got = [(v.reason, v.reward) for v in reply.verdicts]
+    slow = completions.index(LOOP)
+    expected = {0: ("ok", 1.0), 1 if slow == 2 else 2: ("wrong_answer", 0.0)}
+    if which == "fair":
+        expected[3] = ("ok", 1.0)
+    for i, want in expected.items():
+        assert got[i] == want, (i, got, reply.verdicts)
+    assert reply.verdicts[slow].reason == "infra_error", reply.verdicts[slow]
+    assert reply.verdicts[slow].detail.startswith("the request's deadline passed"), reply.verdicts[slow]
+    assert elapsed < 4
+    time.sleep(max(0.0, start + 9.5 - time.monotonic()))  # the slow program's worker is free again
+
+
+def test_a_second_clients_easy_items_pass_a_worst_batch(workers: Workers) -> None:
+    """One client sends 16 programs that loop to their 2 s limit; another's two easy items,
+    sent a second later, come back right within 5 s (first in, first out behind 8-item tasks,
+    they waited 8 s and more). The hostile ones all get their own `timeout`."""
+    problems = _problems("code", 16)
+    loops = [LOOP.replace("while", f"# {i}\nwhile") for i in range(16)]  # distinct: none run once for all
+    hostile = _stub(workers.fair).Score.future(_code_request(problems, loops), timeout=90)
+    time.sleep(1.0)
+    easy = _problems("code", 2)
+    with grpc.insecure_channel(f"127.0.0.1:{workers.fair.port}") as other:
+        start = time.monotonic()
+        reply = pb_grpc.RewardServiceStub(other).Score(
+            _code_request(easy, [p.answer for p in easy]), timeout=20
+        )
+        latency = time.monotonic() - start
+    print(f"easy items beside a worst batch: {latency:.2f}s")
+    assert [(v.reason, v.reward) for v in reply.verdicts] == [("ok", 1.0), ("ok", 1.0)], reply
+    assert latency < 5.0, latency
+    verdicts = hostile.result(timeout=90).verdicts
+    assert [v.reason for v in verdicts] == ["timeout"] * 16, verdicts
+
+
+def _python_episode(problem: Problem, calls: int) -> str:
+    """A transcript whose every turn runs a python program that sleeps 1.5 s (the responses
+    are the environment's: the replay runs each one), then answers."""
+    trace: list[dict[str, object]] = []
+    for i in range(calls):
+        code = f"import time\ntime.sleep(1.5)\nprint({i})"
+        call = {"type": "function", "function": {"name": "python", "arguments": {"code": code}}}
+        trace += [
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "content": str(i)},
+        ]
+    trace.append({"role": "assistant", "content": str(problem.meta["check"].get("answer", "Done."))})
+    return render_trace(trace, default_format())
+
+
+def test_an_agent_episode_over_its_budget_gets_its_own_timeout(workers: Workers) -> None:
+    """Four python calls of 1.5 s each run past the 4 s item budget: that episode is `timeout`
+    (not `infra_error`, not its task's fate), its neighbours are scored right, on both fronts."""
+    problems = _problems("agent", 3, AGENT_CONFIG)
+    completions = [problems[0].answer, _python_episode(problems[1], 4), problems[2].answer]
+    request = pb.ScoreRequest(
+        domain="agent", reward_config_json=json.dumps(AGENT_CONFIG), items=_items(problems, completions)
+    )
+    for front in (workers.fair, workers.chunky):
+        start = time.monotonic()
+        reply = _stub(front).Score(request, timeout=60)
+        elapsed = time.monotonic() - start
+        got = [(v.reason, v.reward) for v in reply.verdicts]
+        assert got == [("ok", 1.0), ("timeout", 0.0), ("ok", 1.0)], (front.proc.name, reply.verdicts)
+        assert "budget" in reply.verdicts[1].detail
+        assert elapsed < BUDGET_S + 4, elapsed

@@ -5,15 +5,19 @@ integration tests do the same through gRPC, Celery and the sandbox."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
 import pytest
 
 from cascade.config import DomainConfig
-from cascade.domains.base import INFRA_ERROR, OK, WRONG_ANSWER, Problem, RewardVerdict
+from cascade.domains.base import INFRA_ERROR, OK, TIMEOUT, WRONG_ANSWER, Problem, RewardVerdict
+from cascade.sandbox.jobs import SandboxLimits
+from cascade.tools.builtin import PythonTool
 from cascade_proto.v1 import reward_pb2 as pb
 from services.reward.batch import Batch, DomainCache, domain_key
+from services.reward.budget import score_each
 from services.reward.local import InProcess
 from services.reward.metrics import RewardMetrics
 from services.reward.scoring import DispatchConfig, Dispatcher
@@ -123,3 +127,55 @@ def test_unsplittable_domains_are_not_rescored_item_by_item() -> None:
     verdicts = cache.score(Batch(config, problems, ["right", "raise", "right"]))
     assert [v.reason for v in verdicts] == [INFRA_ERROR] * 3
     assert fussy.calls == [3]
+
+
+class Agentish:
+    """A domain whose items run python tool calls (`slow`: three of 0.3 s each)."""
+
+    name = "agent"
+
+    def __init__(self) -> None:
+        self.python = PythonTool(SandboxLimits(time_limit_s=2.0))
+
+    def make_problems(self, split: str, n: int, seed: int) -> list[Problem]:
+        return []
+
+    def score_batch(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[RewardVerdict]:
+        for c in completions:
+            for _ in range(3 if c == "slow" else 0):
+                self.python.run({"code": "pass"})
+        return [
+            RewardVerdict(1.0, OK) if c == "right" else RewardVerdict(0.0, WRONG_ANSWER) for c in completions
+        ]
+
+
+def test_an_item_over_its_budget_is_timeout_and_its_neighbours_are_scored(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Tool calls counted together against the item's budget (0.5 s: the second call of 0.3 s
+    ends past it, and the episode is stopped there); the item is `timeout` with reward 0, never
+    `infra_error`, and the next items get their own verdicts, each reported as it is known."""
+    monkeypatch.setattr(PythonTool, "run", lambda self, arguments: time.sleep(0.3) or "")
+    config = DomainConfig(name="agent")
+    cache = DomainCache()
+    cache._domains[domain_key(config)] = Agentish()  # type: ignore[assignment]
+    problems = [Problem(id=f"p{i}", domain="agent", prompt="q", answer="a") for i in range(4)]
+    heard: list[tuple[int, str]] = []
+    start = time.monotonic()
+    verdicts = score_each(
+        cache,
+        Batch(config, problems, ["right", "slow", "wrong", "right"]),
+        0.5,
+        lambda i, v: heard.append((i, v.reason)),
+    )
+    assert time.monotonic() - start < 1.5
+    assert [(v.reward, v.reason) for v in verdicts] == [
+        (1.0, OK),
+        (0.0, TIMEOUT),
+        (0.0, WRONG_ANSWER),
+        (1.0, OK),
+    ]
+    assert "budget" in verdicts[1].detail
+    assert heard == [(0, OK), (1, TIMEOUT), (2, WRONG_ANSWER), (3, OK)]
+    without = score_each(cache, Batch(config, problems[1:2], ["slow"]), None)  # no budget: it runs
+    assert [v.reason for v in without] == [WRONG_ANSWER]
