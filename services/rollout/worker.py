@@ -222,7 +222,12 @@ def main(argv: list[str] | None = None) -> int:
         log.error("worker stopped: %s", err)
         return EXIT_DEPENDENCY_DOWN
 
+    parent = os.getppid()
+
     def on_signal(signum: int, frame: Any) -> None:
+        if os.getppid() != parent:  # the parent-death signal: what it waits on is likely gone too
+            log.info("signal %d: the parent is gone; stopping now (its request goes back)", signum)
+            os._exit(128 + signum)
         log.info("signal %d: stopping after the current request", signum)
         worker.stopping = True
 
