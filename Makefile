@@ -143,7 +143,7 @@ test: install services sandbox faketime chromium docker $(TINY)/config.json
 test-properties: install
 	CASCADE_HYPOTHESIS_SCALE=20 $(VENV)/bin/pytest -q -p no:cacheprovider \
 		tests/security/hacking/test_math_restatements.py tests/unit/test_function_calls.py \
-		tests/unit/test_agent_forged_turn.py
+		tests/unit/test_agent_forged_turn.py tests/unit/test_if_properties.py
 
 clean:
 	rm -rf runs test-artifacts

@@ -10,8 +10,8 @@ then extras (start/end word, include/avoid a word, no commas). Scoring checks ea
 The task itself, restating the words (`Words: red fox sun.`), is a rule too (`topic_words`,
 first in meta, its sentence the prompt's first): a gate. A reply that does not restate them (a
 bullet template, an empty JSON object, other words) earns 0 in either mode, whatever format
-rules it follows. Problems stored before the gate existed have no such rule and are scored as
-before.
+rules it follows; nor does a reply that echoes the prompt (`echoes_prompt`). Problems stored
+before the gate existed have no such rule and are scored as before.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from cascade.domains.if_rules import (
     rule_from_json,
 )
 from cascade.domains.if_rules import check_rules as strict_check
+from cascade.domains.if_rules.core import is_blank
 from cascade.model.chat import strip_thinking
 
 VOCAB = (
@@ -90,6 +91,15 @@ def check_rules(rules: Sequence[Rule], response: str) -> list[str]:
     return [rule.name for rule, ok in zip(rules, held, strict=True) if not ok]
 
 
+def echoes_prompt(prompt: str, response: str) -> bool:
+    """Whether `response` restates the whole prompt (case and whitespace runs aside). On a toy
+    problem the prompt's own words pass the topic gate (`Words: sky milk. Start with sky. Use
+    milk.` is mostly topic words) and some of its rules, so an echo would earn a share in
+    `fraction` mode; no answer of a toy problem contains its prompt."""
+    wanted = " ".join(prompt.split()).lower()
+    return bool(wanted) and wanted in " ".join(response.split()).lower()
+
+
 class IfDomain:
     """The instruction-following domain: problems plus rule checks."""
 
@@ -103,7 +113,7 @@ class IfDomain:
 
     def score(self, problem: Problem, completion: str) -> RewardVerdict:
         response = strip_thinking(completion)
-        if not response:
+        if is_blank(response):
             return RewardVerdict(0.0, NO_ANSWER, "empty response")
         try:
             rules = [rule_from_json(record) for record in problem.meta.get("rules", [])]
@@ -111,6 +121,8 @@ class IfDomain:
             return RewardVerdict(0.0, INFRA_ERROR, f"problem {problem.id}: bad rules: {err}")
         if not rules:
             return RewardVerdict(0.0, INFRA_ERROR, f"problem {problem.id} has no rules")
+        if any(rule.gate for rule in rules) and echoes_prompt(problem.prompt, response):
+            return RewardVerdict(0.0, WRONG_ANSWER, "off topic; echoes the prompt")
         failed = check_rules(rules, response)
         if not failed:
             return RewardVerdict(1.0, OK)

@@ -54,6 +54,13 @@ def mentions_word(text: str, word: str) -> bool:
     return False
 
 
+def is_blank(text: str) -> bool:
+    """Whether `text` shows nothing: only whitespace and invisible format characters (Unicode
+    category Cf: zero-width space and joiners, word joiner, byte-order mark, soft hyphen...), which
+    `str.strip` keeps. A reply of `\u200b` says nothing, like an empty one."""
+    return all(c.isspace() or unicodedata.category(c) == "Cf" for c in text)
+
+
 def is_bulleted(line: str) -> bool:
     """Whether `line` is a `- ` bullet (leading blanks allowed)."""
     return BULLET_RE.match(line.lstrip()) is not None
@@ -160,7 +167,7 @@ def loose_variants(response: str) -> list[str]:
             "\n".join(lines[:-1]).strip(),
             "\n".join(lines[1:-1]).strip(),
         ):
-            if candidate.strip() and candidate not in variants:
+            if not is_blank(candidate) and candidate not in variants:
                 variants.append(candidate)
     return variants
 
@@ -168,13 +175,14 @@ def loose_variants(response: str) -> list[str]:
 def check_rules(rules: Sequence[Rule], response: str, mode: CheckMode = "strict") -> list[bool]:
     """Whether each rule holds: on `response` itself (`strict`) or on any loose variant (`loose`).
 
-    A blank response follows no instruction in either mode (as IFEval: "no commas" or "fewer
-    than 5 sentences" is not followed by saying nothing).
+    A blank response (`is_blank`: nothing but whitespace and invisible format characters) follows
+    no instruction in either mode (as IFEval: "no commas" or "fewer than 5 sentences" is not
+    followed by saying nothing).
     (Not `cascade.domains.instruct.check_rules`, which names the broken rules, strictly.)
     """
     if mode not in ("strict", "loose"):
         raise ValueError(f"unknown mode {mode!r}; expected 'strict' or 'loose'")
-    if not response.strip():
+    if is_blank(response):
         return [False for _ in rules]
     if mode == "strict":
         return [rule.check(response) for rule in rules]
