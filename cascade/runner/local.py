@@ -61,6 +61,9 @@ class LocalRollouts:
     def collect(self, batch: int) -> list[ScoredChunk]:
         return self._done.pop(batch)
 
+    def stop_when(self, check: Callable[[], bool]) -> None:
+        pass  # generation happens in submit, in this process: collect never waits
+
     def discard(self, batches: list[int]) -> None:
         for b in batches:
             self._done.pop(b, None)

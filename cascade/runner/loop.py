@@ -59,7 +59,7 @@ from cascade.runner.record import RunRecord, read_record, write_record
 from cascade.runner.rl import VerifierFailureError, plan_rl
 from cascade.runner.run_state import RunDirError, RunResult, RunState, rng_state_from_json, rng_state_to_json
 from cascade.runner.run_store import RunStore
-from cascade.runner.sources import RunSources
+from cascade.runner.sources import RunSources, SourceStopped
 from cascade.runner.staging import clear_stale, publish, staged_path
 from cascade.runner.step_memory import step_memory_problems
 from cascade.runner.training import PolicyTrainer, make_trainer
@@ -264,6 +264,7 @@ class CascadeRunner:
         )
         self.lease.start()
         rollouts = self.sources.rollouts
+        rollouts.stop_when(self.lease.lost.is_set)  # a runner taken over takes no more results
         rollouts.attach(self.policy, self.generator, lambda: self.state.policy_version)
         if self.previous is not None:
             rollouts.forget(self.previous.sources)
@@ -328,7 +329,7 @@ class CascadeRunner:
         and the following ranks of a sharded learner are let go."""
         try:
             return self._run()
-        except LeaseLost as err:  # a write refused: another runner holds the cascade now
+        except (LeaseLost, SourceStopped) as err:  # another runner holds the cascade now
             self.log(str(err))
             self._discard_inflight()
             if self.lease is not None:

@@ -25,6 +25,11 @@ from cascade.model.loading import Policy
 from cascade.rollout.requests import PromptRequest, ScoredChunk
 
 
+class SourceStopped(Exception):
+    """A wait for rollouts ended because the loop's `stop_when` check said so (its lease was
+    taken over): nothing more is taken from the streams the new holder reads."""
+
+
 class RolloutSource(Protocol):
     kind: str
     """The run's kind as the store records it: `embedded` or `distributed`."""
@@ -42,6 +47,11 @@ class RolloutSource(Protocol):
 
     def collect(self, batch: int) -> list[ScoredChunk]:
         """Block until every request of `batch` is back; its chunks, each taken once."""
+
+    def stop_when(self, check: Callable[[], bool]) -> None:
+        """From now on, a wait in `collect` ends with `SourceStopped` as soon as `check()` is
+        true (the runner's lease lost): a runner taken over takes nothing more of the run's
+        results, which are the new holder's."""
 
     def discard(self, batches: list[int]) -> None:
         """Take back requests not collected (stage over, pause): nothing is generated for them."""

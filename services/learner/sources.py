@@ -43,6 +43,7 @@ from cascade.model.loading import Policy
 from cascade.resilience import Dependency
 from cascade.rollout.requests import PromptRequest, ScoredChunk
 from cascade.runner.checkpoint import save_model_dir
+from cascade.runner.sources import SourceStopped
 from cascade.transport.channel import ServiceUnavailable, outage_aware
 from cascade.transport.redis_streams import TRANSIENT, StreamGroup, StreamKeys, connect, publish, reset
 from cascade.transport.teacher_client import TeacherClient, TeacherReply
@@ -50,6 +51,10 @@ from services.learner.replicas import RolloutReplicas
 
 WAIT_NOTE_S = 30.0
 HEAL_EVERY_S = 2.0
+REISSUE_AFTER_S = 60.0
+"""A request of the batch waited on that is not back after this long is published again (its
+chunk lost: taken by a learner that was taken over, or never written); an answer that still
+arrives is dropped as a duplicate."""
 """While waiting for a batch: how often the rollout replicas are probed (`RolloutReplicas.heal`)."""
 
 
@@ -90,6 +95,8 @@ class StreamRollouts:
         self._results: StreamGroup | None = None
         self._resets_seen = 0
         self._reread_pending = False
+        self._published: dict[int, dict[int, float]] = {}  # batch -> request index -> when
+        self._stop_if: Callable[[], bool] = lambda: False
 
     # ------------------------------------------------------------------ life cycle
 
@@ -146,8 +153,10 @@ class StreamRollouts:
         self._requests[batch] = requests
         self._chunks[batch] = {}
         self._message_ids[batch] = {}
+        self._published[batch] = {}
         for req in requests:
             self._message_ids[batch][req.index] = self.redis_outage.call(partial(self._publish, req))
+            self._published[batch][req.index] = time.monotonic()
 
     def _publish(self, req: PromptRequest) -> str:
         data = req.to_json()
@@ -159,6 +168,8 @@ class StreamRollouts:
         note = time.perf_counter() + WAIT_NOTE_S
         heal = time.perf_counter() + HEAL_EVERY_S
         while len(self._chunks[batch]) < wanted:
+            if self._stop_if():
+                raise SourceStopped(f"stopped waiting for batch {batch}: this learner's lease was taken over")
             self.redis_outage.call(lambda: self._drain(block_ms=100))
             assert self._results is not None
             if self._results.resets != self._resets_seen:
@@ -166,6 +177,7 @@ class StreamRollouts:
             if time.perf_counter() > heal:
                 heal = time.perf_counter() + HEAL_EVERY_S
                 self.rollout.heal()
+                self._reissue_unanswered(batch)
             if time.perf_counter() > note:
                 note += WAIT_NOTE_S
                 self.log(f"  waiting for batch {batch}: {len(self._chunks[batch])}/{wanted} requests back")
@@ -174,7 +186,27 @@ class StreamRollouts:
             c.engine_version -= self.version_offset
         del self._requests[batch]
         self._message_ids.pop(batch, None)
+        self._published.pop(batch, None)
         return chunks
+
+    def stop_when(self, check: Callable[[], bool]) -> None:
+        self._stop_if = check
+
+    def _reissue_unanswered(self, batch: int) -> None:
+        """Publish again the requests of `batch` not back after `REISSUE_AFTER_S`."""
+        now = time.monotonic()
+        late = [
+            req
+            for req in self._requests[batch]
+            if req.index not in self._chunks[batch]
+            and now - self._published[batch].get(req.index, now) > REISSUE_AFTER_S
+        ]
+        for req in late:
+            self._message_ids[batch][req.index] = self.redis_outage.call(partial(self._publish, req))
+            self._published[batch][req.index] = now
+        if late:
+            self._reissued += len(late)
+            self.log(f"  re-issued {len(late)} requests of batch {batch} unanswered for {REISSUE_AFTER_S:g}s")
 
     def _drain(self, block_ms: int) -> None:
         """Take what the workers published: each request once, this attempt's batches only.
@@ -209,6 +241,7 @@ class StreamRollouts:
                 for req in requests:
                     if req.index not in self._chunks[batch]:
                         self._message_ids[batch][req.index] = self._publish(req)
+                        self._published.setdefault(batch, {})[req.index] = time.monotonic()
                         n += 1
             return n
 
@@ -233,6 +266,7 @@ class StreamRollouts:
         for b in batches:
             self._requests.pop(b, None)
             self._chunks.pop(b, None)
+            self._published.pop(b, None)
 
     def generate(self, prompts: list[list[int]], n: int, sampling: SamplingSettings) -> VersionedGeneration:
         result = self.rollout.generate(prompts, n, sampling)

@@ -12,6 +12,9 @@ action:
 - `celery_worker`: the Celery worker that scores math kill -9'd, restarted by the supervisor;
 - `learner`: the learner kill -9'd and started again with `--resume` by the drill (what a
   Kubernetes or systemd supervisor does; `cascade up` itself only prints the command);
+- `frozen_learner`: the learner SIGSTOPped past its lease's expiry, a new learner `--resume`d
+  takes the lease over and trains, then the frozen one is let go (SIGCONT): its next write is
+  refused by the lease's fence and it stops having written nothing (issue 34);
 - `skewed_taker`: a second learner `--resume`d beside the live one, its clock a minute ahead
   (faketime) and in its own PID namespace (as on another host): the lease is live by the
   database's clock, so it is refused and the learner trains on.
@@ -24,10 +27,8 @@ reported and restarted once, and the resumed learner holds the run's lease.
 
 The reward service's Celery broker stays on the shared Redis (127.0.0.1:6379, skipped without
 it): the private one carries the learner's and workers' streams. The embedded run's database
-restart is tests/e2e/test_database_outage.py. Runners frozen or cut off past their lease and
-taken over are tests/e2e/test_stale_runner.py (embedded runners on Postgres): in this stack a
-taken-over learner that wakes reads the shared results stream until its heartbeat notices, and
-may take the new learner's results with it (docs/operations.md, Limits).
+restart is tests/e2e/test_database_outage.py; runners frozen or cut off past their lease in one
+process are tests/e2e/test_stale_runner.py.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from sqlalchemy import select
 from stack_probe import dependency_series, trained
 
 from cascade.runner.checkpoint import latest_checkpoint
+from cascade.store import leases
 from cascade.store.db import make_engine, session_scope
 from cascade.store.models import Event, RunLease
 from cascade.up.stack import LocalStack, Proc, free_port
@@ -62,7 +64,7 @@ pytestmark = pytest.mark.postgres
 SHARED_REDIS = os.environ.get("CASCADE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 STAGE_STEPS = (5, 6)  # if, then math distilled from if's teacher
 STEPS = sum(STAGE_STEPS)
-SLOTS = range(1, 9)
+SLOTS = range(1, 10)
 """A fault fires once this many steps are trained (distinct per fault; the later steps leave room
 for the last one to be ridden out and recorded)."""
 STAGE_2_FAULTS = ("teacher", "celery_worker")  # the teacher serves stage 2; Celery scores math
@@ -72,6 +74,7 @@ OTHER_FAULTS = (
     "rollout_service",
     "rollout_worker",
     "learner",
+    "frozen_learner",
     "skewed_taker",
 )
 DEPENDENCIES = ("database", "redis", "teacher", "rollout")
@@ -126,6 +129,8 @@ class Drill:
         self.prometheus: dict[str, float] = {}
         """Each dependency's outage counter scraped right after its outage ended."""
         self.engine = make_engine(db_url)
+        self.stale: Proc | None = None
+        """The learner `frozen_learner` let go after it was taken over."""
 
     @property
     def learner(self) -> Proc:
@@ -317,6 +322,11 @@ class Drill:
         resumed_at = self.steps()
         self.wait("a step of the resumed learner", lambda: self.steps() > resumed_at)
 
+    def lease_expired(self) -> bool:
+        with session_scope(self.engine) as s:
+            lease = s.scalars(select(RunLease)).one_or_none()
+            return lease is not None and not leases.is_live(lease, leases.db_now(s))
+
     def _checkpointed(self) -> None:
         """Every step row so far has its checkpoint (the outages they record stay: a resume drops
         the rows past its checkpoint)."""
@@ -324,6 +334,26 @@ class Drill:
             "a checkpoint of the last step",
             lambda: _step_of(latest_checkpoint(self.stack.run_dir / "checkpoints")) >= self.steps() > 0,
         )
+
+    def frozen_learner(self) -> None:
+        """SIGSTOP past the lease's expiry (by the database's clock); a learner `--resume`d takes it
+        over (a stopped process holds nothing) and trains; SIGCONT: the frozen one's next write is
+        refused by the fence, it stops (exit 1) and no row or samples line of it lands."""
+        self._checkpointed()
+        old = self.learner
+        assert old.popen is not None
+        old.signal_group(signal.SIGSTOP)
+        try:
+            self.wait("the frozen learner's lease to expire", self.lease_expired, 120)
+            self.stack.resume = True
+            new = self.stack.start_learner()
+            self.wait("the taker", lambda: "resumed from step-" in new.log())
+            self.wait("the taker's lease", lambda: self.lease_pid() == new.pid)
+            resumed_at = self.steps()
+            self.wait("a step of the taker", lambda: self.steps() > resumed_at)
+        finally:
+            old.signal_group(signal.SIGCONT)
+        self.stale = old  # its exit is checked once the cascade is done (the taker trains on meanwhile)
 
     def skewed_taker(self) -> None:
         """A second learner `--resume`d while the learner is live, its clock 60 s ahead and in a
@@ -419,10 +449,15 @@ def test_chaos_drill(e2e: Any, pg: PrivatePostgres, tmp_path: Path) -> None:
         code = stack.wait(timeout_s=400)
         learner_log = (tmp_path / "logs" / "learner.log").read_text()
         assert code == 0, f"{drill.repro}\n{drill.learner.log()[-4000:]}"
+        assert drill.stale is not None and drill.stale.popen is not None, drill.repro
+        stale_code = drill.stale.popen.wait(timeout=120)
+        assert stale_code == 1, (stale_code, drill.repro)  # stopped: its lease was taken over
         celery_log = stack.procs["celery-0"].log()
         restarts = dict(stack.supervisor.restarts) if stack.supervisor else {}
         events = drill.outage_events()
     finally:
+        if drill.stale is not None and drill.stale.alive():
+            drill.stale.signal_group(signal.SIGKILL)
         stack.stop()
         streams.stop()
         drill.engine.dispose()
@@ -452,7 +487,8 @@ def test_chaos_drill(e2e: Any, pg: PrivatePostgres, tmp_path: Path) -> None:
     text = "\n".join(reports)
     for name in restarts:
         assert f"{name} (pid " in text and "died: killed by SIGKILL" in text, (name, drill.repro)
-    assert learner_log.count("resumed from step-") == 1, drill.repro
+    assert learner_log.count("resumed from step-") == 2, drill.repro  # the kill, the frozen learner
+    assert learner_log.count("learner stopped: another runner took this cascade over") == 1, drill.repro
     assert "re-issued" in learner_log, drill.repro  # requests lost with Redis
     assert "Traceback" not in drill.learner.log(), drill.repro
     assert "succeeded" in celery_log, drill.repro  # the restarted Celery worker scored

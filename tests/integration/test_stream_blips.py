@@ -183,3 +183,63 @@ def test_a_worker_exits_75_when_redis_stays_away_past_its_bound(tmp_path: Path) 
     assert done.returncode == 75, done.stderr[-2000:]
     assert done.stderr.count("redis unreachable") == 2, done.stderr[-2000:]  # begun, then the stop
     assert "worker stopped: redis unreachable for 1s (bound reached): ConnectionError" in done.stderr
+
+
+def test_a_taken_over_learner_takes_nothing_and_the_new_one_gets_back_what_it_lost(
+    private_redis: PrivateRedis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 34: a learner frozen past its lease and taken over reads the run's results stream when
+    it wakes, until its heartbeat notices: an answer of the new learner's attempt that it reads,
+    it drops. Once its lease is known lost it takes nothing more (`stop_when`), and the new
+    learner publishes again a request long unanswered (`REISSUE_AFTER_S`) and completes."""
+    import services.learner.sources as sources
+    from cascade.runner.sources import SourceStopped
+
+    monkeypatch.setattr(sources, "REISSUE_AFTER_S", 0.5)
+    monkeypatch.setattr(sources, "HEAL_EVERY_S", 0.1)
+    lines: list[str] = []
+    new = learner(private_redis, bound_s=30.0, lines=lines)
+    stale = StreamRollouts(
+        redis_url=private_redis.url,
+        stream_prefix=new.keys.prefix,
+        rollout=NoReplicas(),  # type: ignore[arg-type]
+        weights_root=private_redis.workdir / "weights",
+        log=lines.append,
+    )
+    stale._results = StreamGroup(stale.redis, stale.keys.groups, "learner", "learner")  # as it was before
+    new._attempt = "new"
+    new.submit([request(0, i, "new") for i in range(2)])
+    worker_redis = connect(private_redis.url)
+    worker = StreamGroup(worker_redis, new.keys.prompts, "rollout", "w")
+    for message in worker.read(count=2, block_ms=200):
+        publish(worker_redis, new.keys.groups, answer(message.data, "w"))
+        worker.ack(message.id)
+
+    # the stale learner wakes and drains once before its heartbeat notices: request 0 or 1 lost
+    stale._attempt, stale._chunks[7], stale._requests[7] = "stale", {}, [request(7, 0, "stale")]
+    stale._published[7] = {0: time.monotonic()}
+    stale._drain(block_ms=200)
+    assert any("another attempt (new)" in line for line in lines), lines
+    lost = True
+    stale.stop_when(lambda: lost)
+    with pytest.raises(SourceStopped, match="lease was taken over"):
+        stale.collect(7)
+
+    result: dict[str, Any] = {}
+
+    def collect() -> None:
+        result["chunks"] = new.collect(0)
+
+    thread = threading.Thread(target=collect)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while thread.is_alive() and time.monotonic() < deadline:  # the worker answers the re-issue
+        for message in worker.read(count=2, block_ms=200):
+            publish(worker_redis, new.keys.groups, answer(message.data, "w"))
+            worker.ack(message.id)
+    thread.join(timeout=5)
+    worker_redis.close()
+    stale.redis.close()
+    assert not thread.is_alive(), lines
+    assert sorted(c.index for c in result["chunks"]) == [0, 1]
+    assert any("re-issued" in line and "unanswered" in line for line in lines), lines
