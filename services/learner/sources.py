@@ -51,10 +51,11 @@ from services.learner.replicas import RolloutReplicas
 
 WAIT_NOTE_S = 30.0
 HEAL_EVERY_S = 2.0
-REISSUE_AFTER_S = 60.0
-"""A request of the batch waited on that is not back after this long is published again (its
-chunk lost: taken by a learner that was taken over, or never written); an answer that still
-arrives is dropped as a duplicate."""
+LOST_AFTER_S = 5.0
+"""A request of the batch waited on that a worker has finished (taken and acknowledged) while its
+answer has not come back for this long is published again: its answer was taken by another
+reader of the results stream (a learner that was taken over and has not noticed yet). An
+answer that still arrives is dropped as a duplicate."""
 """While waiting for a batch: how often the rollout replicas are probed (`RolloutReplicas.heal`)."""
 
 
@@ -95,7 +96,9 @@ class StreamRollouts:
         self._results: StreamGroup | None = None
         self._resets_seen = 0
         self._reread_pending = False
-        self._published: dict[int, dict[int, float]] = {}  # batch -> request index -> when
+        self._answered_at: dict[int, dict[int, float]] = {}
+        """batch -> request index -> when a worker was first seen to have answered it (the
+        answer not back yet)."""
         self._stop_if: Callable[[], bool] = lambda: False
 
     # ------------------------------------------------------------------ life cycle
@@ -153,10 +156,9 @@ class StreamRollouts:
         self._requests[batch] = requests
         self._chunks[batch] = {}
         self._message_ids[batch] = {}
-        self._published[batch] = {}
+        self._answered_at[batch] = {}
         for req in requests:
             self._message_ids[batch][req.index] = self.redis_outage.call(partial(self._publish, req))
-            self._published[batch][req.index] = time.monotonic()
 
     def _publish(self, req: PromptRequest) -> str:
         data = req.to_json()
@@ -177,7 +179,7 @@ class StreamRollouts:
             if time.perf_counter() > heal:
                 heal = time.perf_counter() + HEAL_EVERY_S
                 self.rollout.heal()
-                self._reissue_unanswered(batch)
+                self._reissue_lost(batch)
             if time.perf_counter() > note:
                 note += WAIT_NOTE_S
                 self.log(f"  waiting for batch {batch}: {len(self._chunks[batch])}/{wanted} requests back")
@@ -186,27 +188,49 @@ class StreamRollouts:
             c.engine_version -= self.version_offset
         del self._requests[batch]
         self._message_ids.pop(batch, None)
-        self._published.pop(batch, None)
+        self._answered_at.pop(batch, None)
         return chunks
 
     def stop_when(self, check: Callable[[], bool]) -> None:
         self._stop_if = check
 
-    def _reissue_unanswered(self, batch: int) -> None:
-        """Publish again the requests of `batch` not back after `REISSUE_AFTER_S`."""
+    def _reissue_lost(self, batch: int) -> None:
+        """Publish again the requests of `batch` whose answers are lost (`LOST_AFTER_S`)."""
+        missing = [r for r in self._requests[batch] if r.index not in self._chunks[batch]]
+        if not missing:
+            return
+        done = self.redis_outage.call(lambda: self._finished_by_workers(batch, missing))
         now = time.monotonic()
-        late = [
-            req
-            for req in self._requests[batch]
-            if req.index not in self._chunks[batch]
-            and now - self._published[batch].get(req.index, now) > REISSUE_AFTER_S
-        ]
-        for req in late:
+        lost = []
+        for req in missing:
+            if req.index not in done:
+                self._answered_at[batch].pop(req.index, None)
+            elif now - self._answered_at[batch].setdefault(req.index, now) > LOST_AFTER_S:
+                lost.append(req)
+        for req in lost:
             self._message_ids[batch][req.index] = self.redis_outage.call(partial(self._publish, req))
-            self._published[batch][req.index] = now
-        if late:
-            self._reissued += len(late)
-            self.log(f"  re-issued {len(late)} requests of batch {batch} unanswered for {REISSUE_AFTER_S:g}s")
+            self._answered_at[batch].pop(req.index, None)
+        if lost:
+            self._reissued += len(lost)
+            self.log(
+                f"  re-issued {len(lost)} requests of batch {batch}: a worker answered them, "
+                f"the answers did not come back in {LOST_AFTER_S:g}s"
+            )
+
+    def _finished_by_workers(self, batch: int, requests: list[PromptRequest]) -> set[int]:
+        """The indices of `requests` a worker took and acknowledged (it published its answer)."""
+        groups = self.redis.xinfo_groups(self.keys.prompts)
+        last = next((g["last-delivered-id"] for g in groups if _text(g["name"]) == "rollout"), None)
+        if last is None:
+            return set()
+        done = set()
+        for req in requests:
+            mid = self._message_ids[batch].get(req.index)
+            if mid is None or _stream_id(mid) > _stream_id(_text(last)):
+                continue  # not delivered to any worker yet
+            if not self.redis.xpending_range(self.keys.prompts, "rollout", min=mid, max=mid, count=1):
+                done.add(req.index)
+        return done
 
     def _drain(self, block_ms: int) -> None:
         """Take what the workers published: each request once, this attempt's batches only.
@@ -241,7 +265,7 @@ class StreamRollouts:
                 for req in requests:
                     if req.index not in self._chunks[batch]:
                         self._message_ids[batch][req.index] = self._publish(req)
-                        self._published.setdefault(batch, {})[req.index] = time.monotonic()
+                        self._answered_at.get(batch, {}).pop(req.index, None)
                         n += 1
             return n
 
@@ -266,7 +290,7 @@ class StreamRollouts:
         for b in batches:
             self._requests.pop(b, None)
             self._chunks.pop(b, None)
-            self._published.pop(b, None)
+            self._answered_at.pop(b, None)
 
     def generate(self, prompts: list[list[int]], n: int, sampling: SamplingSettings) -> VersionedGeneration:
         result = self.rollout.generate(prompts, n, sampling)
@@ -377,3 +401,12 @@ class NoTeachers:
 
     def close(self) -> None:
         pass
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _stream_id(value: str) -> tuple[int, int]:
+    ms, _, seq = value.partition("-")
+    return int(ms), int(seq or 0)

@@ -191,11 +191,12 @@ def test_a_taken_over_learner_takes_nothing_and_the_new_one_gets_back_what_it_lo
     """Issue 34: a learner frozen past its lease and taken over reads the run's results stream when
     it wakes, until its heartbeat notices: an answer of the new learner's attempt that it reads,
     it drops. Once its lease is known lost it takes nothing more (`stop_when`), and the new
-    learner publishes again a request long unanswered (`REISSUE_AFTER_S`) and completes."""
+    learner publishes again a request a worker answered whose answer never came back
+    (`LOST_AFTER_S`), and completes."""
     import services.learner.sources as sources
     from cascade.runner.sources import SourceStopped
 
-    monkeypatch.setattr(sources, "REISSUE_AFTER_S", 0.5)
+    monkeypatch.setattr(sources, "LOST_AFTER_S", 0.5)
     monkeypatch.setattr(sources, "HEAL_EVERY_S", 0.1)
     lines: list[str] = []
     new = learner(private_redis, bound_s=30.0, lines=lines)
@@ -217,7 +218,6 @@ def test_a_taken_over_learner_takes_nothing_and_the_new_one_gets_back_what_it_lo
 
     # the stale learner wakes and drains once before its heartbeat notices: request 0 or 1 lost
     stale._attempt, stale._chunks[7], stale._requests[7] = "stale", {}, [request(7, 0, "stale")]
-    stale._published[7] = {0: time.monotonic()}
     stale._drain(block_ms=200)
     assert any("another attempt (new)" in line for line in lines), lines
     lost = True
@@ -242,4 +242,37 @@ def test_a_taken_over_learner_takes_nothing_and_the_new_one_gets_back_what_it_lo
     stale.redis.close()
     assert not thread.is_alive(), lines
     assert sorted(c.index for c in result["chunks"]) == [0, 1]
-    assert any("re-issued" in line and "unanswered" in line for line in lines), lines
+    assert any("re-issued 2 requests of batch 0" in line for line in lines), lines
+
+
+def test_a_slow_request_is_not_published_again(
+    private_redis: PrivateRedis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request a worker still holds (a long generation), or that no worker took yet, is never
+    taken for lost, however long it takes: only a finished request whose answer did not come back."""
+    import services.learner.sources as sources
+
+    monkeypatch.setattr(sources, "LOST_AFTER_S", 0.3)
+    monkeypatch.setattr(sources, "HEAL_EVERY_S", 0.1)
+    lines: list[str] = []
+    rollouts = learner(private_redis, bound_s=30.0, lines=lines)
+    rollouts._attempt = "a"
+    rollouts.submit([request(0, i, "a") for i in range(3)])
+    worker_redis = connect(private_redis.url)
+    worker = StreamGroup(worker_redis, rollouts.keys.prompts, "rollout", "w")
+    held = worker.read(count=2, block_ms=200)  # request 2 stays queued
+    publish(worker_redis, rollouts.keys.groups, answer(held[0].data, "w"))
+    worker.ack(held[0].id)
+    result: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: result.update(chunks=rollouts.collect(0)))
+    thread.start()
+    time.sleep(1.5)  # five times the bound: request 1 held, request 2 queued
+    publish(worker_redis, rollouts.keys.groups, answer(held[1].data, "w"))
+    worker.ack(held[1].id)
+    for message in worker.read(count=1, block_ms=2000):
+        publish(worker_redis, rollouts.keys.groups, answer(message.data, "w"))
+        worker.ack(message.id)
+    thread.join(timeout=10)
+    worker_redis.close()
+    assert not thread.is_alive() and sorted(c.index for c in result["chunks"]) == [0, 1, 2]
+    assert rollouts.stats()["reissued_requests"] == 0 and not any("re-issued" in line for line in lines)
