@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import redis
 import torch
 
 from cascade.config import DistillConfig
@@ -218,8 +219,12 @@ class StreamRollouts:
             )
 
     def _finished_by_workers(self, batch: int, requests: list[PromptRequest]) -> set[int]:
-        """The indices of `requests` a worker took and acknowledged (it published its answer)."""
-        groups = self.redis.xinfo_groups(self.keys.prompts)
+        """The indices of `requests` a worker took and acknowledged (it published its answer);
+        none while the streams are being made again (a Redis restart)."""
+        try:
+            groups = self.redis.xinfo_groups(self.keys.prompts)
+        except redis.ResponseError:  # no such key: Redis lost the streams, `_restore` re-issues
+            return set()
         last = next((g["last-delivered-id"] for g in groups if _text(g["name"]) == "rollout"), None)
         if last is None:
             return set()

@@ -62,7 +62,7 @@ from cascade.up.stack import LocalStack, Proc, free_port
 pytestmark = pytest.mark.postgres
 
 SHARED_REDIS = os.environ.get("CASCADE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-STAGE_STEPS = (5, 6)  # if, then math distilled from if's teacher
+STAGE_STEPS = (5, 8)  # if, then math distilled from if's teacher
 STEPS = sum(STAGE_STEPS)
 SLOTS = range(1, 10)
 """A fault fires once this many steps are trained (distinct per fault; the later steps leave room
