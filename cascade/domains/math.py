@@ -276,6 +276,23 @@ def _unevaluated(gold: Sequence[Any], pred: Sequence[Any]) -> str | None:
     return not_closed_form(gold, pred)
 
 
+MAX_NESTING = 60
+"""Brackets nested deeper than this are refused before the answer is parsed: no closed form
+needs them, and the parser's time grows with the depth (a deadline would catch it, as `timeout`)."""
+
+
+def _nesting(text: str) -> int:
+    """The deepest bracket nesting of `text` (braces, parentheses, square brackets)."""
+    depth = deepest = 0
+    for ch in text:
+        if ch in "{([":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "})]":
+            depth = max(0, depth - 1)
+    return deepest
+
+
 def check_answer(gold: str, completion: str, timeout_s: float) -> Check:
     """Score one completion against a gold answer. Must run in the main thread of its process.
 
@@ -296,8 +313,11 @@ def check_answer(gold: str, completion: str, timeout_s: float) -> Check:
                 log.warning("gold answer %.100r parses to nothing", gold)
                 return INFRA_ERROR, f"gold answer {gold!r:.100} cannot be parsed"
             phase = "answer"
+            text = answer_text(normalise_notation(response))
+            if (depth := _nesting(text)) > MAX_NESTING:  # before the parser, whose time grows with it
+                return WRONG_ANSWER, f"not a closed form (nested too deep: {depth} levels)"
             try:
-                pred = _parse_answer(answer_text(normalise_notation(response)))
+                pred = _parse_answer(text)
                 if not pred:
                     return NO_ANSWER, "no answer found"
                 if why := _unevaluated(gold_parsed, pred):
