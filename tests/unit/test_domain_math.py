@@ -315,7 +315,9 @@ def test_the_deadline_fires_again_when_its_first_raise_is_swallowed() -> None:
                     swallowed += 1  # as the interpreter does with a raise in a gc callback
                     if swallowed == 2:
                         raise
-    assert swallowed == 2
+    # the first raise was swallowed and a later one stopped the block (the re-armed alarm may
+    # land in the handler itself, before the count: that is a second raise too)
+    assert swallowed >= 1
     assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
 
 
