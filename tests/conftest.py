@@ -6,8 +6,10 @@ asks for `postgres_url`, and gets its own schema, dropped afterwards.
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pg_schema import fresh_schema
@@ -107,3 +109,18 @@ def tiny_checkpoints(random_tiny_model: Path, tmp_path_factory: pytest.TempPathF
     out["empty"] = variant("empty", None)
     (out["empty"] / "model.safetensors").unlink()
     return out
+
+
+@pytest.fixture
+def popen_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Any]]:
+    """Every process started in this test process (the count must stay 0)."""
+    calls: list[Any] = []
+    real = subprocess.Popen
+
+    class Counting(real):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            calls.append(args[0] if args else kwargs.get("args"))
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(subprocess, "Popen", Counting)
+    yield calls

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import subprocess
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,21 +36,6 @@ def _config(tmp_path: Path) -> Path:
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text("{}")  # never loaded: nothing starts
     return path
-
-
-@pytest.fixture
-def popen_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Any]]:
-    """Every process started in this test process (the count must stay 0)."""
-    calls: list[Any] = []
-    real = subprocess.Popen
-
-    class Counting(real):  # type: ignore[misc, valid-type]
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            calls.append(args[0] if args else kwargs.get("args"))
-            super().__init__(*args, **kwargs)
-
-    monkeypatch.setattr(subprocess, "Popen", Counting)
-    yield calls
 
 
 def _hold(url: str, cfg_path: Path, run_dir: Path, holder: Holder) -> tuple[RunStore, int]:

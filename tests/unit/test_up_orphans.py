@@ -12,7 +12,7 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -261,20 +261,6 @@ for name, code in (("learner", learner), ("worker-0", "import time; time.sleep(3
 print("up", flush=True)
 time.sleep(300)
 """
-
-
-@pytest.fixture
-def popen_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Any]]:
-    calls: list[Any] = []
-    real = subprocess.Popen
-
-    class Counting(real):  # type: ignore[misc, valid-type]
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            calls.append(args[0] if args else kwargs.get("args"))
-            super().__init__(*args, **kwargs)
-
-    monkeypatch.setattr(subprocess, "Popen", Counting)
-    yield calls
 
 
 def _config(tmp_path: Path) -> Path:
