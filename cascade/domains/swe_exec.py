@@ -24,27 +24,33 @@ file is written) and answers one check per sandbox test through its entry point.
 never enter the program's process: the sandbox's judge holds them. So a patch that exits early
 (`sys.exit`, `os._exit`), crashes or loops fails; one that rewrites the driver can only change
 the answers it sends, which pass a value check only if they are the fixed code's values.
-A test-id check is weaker: its expected answer is the constant `passed`, and the test's
-assertions run in the process the patched code shares, so a patch built to subvert them (an
-object whose `__eq__` always holds, or one that rewrites the driver's globals at import) can
-pass it. The synthetic problems use value checks only; data-set rows with test ids trust their
-tests as SWE-bench-style harnesses do.
+A test-id check answers `{"passed": true, "values": [...]}`: the values its test's top-level
+literal assertions computed, whose literals were taken out of the test file before the job was
+built (`swe_asserts.lift_asserts`) and which only the judge holds. A forged "passed" must carry
+values only the right code computes; an always-equal object is not JSON data and fails where it
+is handed over. Assertions that cannot be lifted (in loops or helpers, against a computed
+expectation) run in the process the patched code shares and guard only as far as it can be
+trusted. A patch may not create a module that would shadow one the tests or the driver import
+from outside the repository (the standard library, installed packages) or a package a test
+lives in (`tests.py` beside `tests/`): `apply_to_repo` refuses it.
 """
 
 from __future__ import annotations
 
+import importlib.machinery
 import json
+import os
 import posixpath
 import re
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from cascade.domains.patches import Patch, PatchParseError, apply_file_patch
+from cascade.domains.swe_asserts import RECORDER, lift_asserts
 from cascade.sandbox.jobs import Job
 
 ENTRY_POINT = "cascade_swe_check"
-PASSED = "passed"
-"""What the driver answers for a test function that returned without raising."""
 
 TEST_DIRS = frozenset({"test", "tests", "testing"})
 _TEST_ID = re.compile(r"[\w./-]+\.py::\w+(?:::\w+)?")
@@ -101,6 +107,7 @@ def apply_to_repo(
     `tests_too` lets the patch edit test files (for a data set's own test patch, never a policy's).
     """
     files = dict(repo)
+    test_modules = [module_of(path) for path in (*protected, *(p for p in repo if is_test_path(p)))]
     for file_patch in patch.files:
         for path in (file_patch.old_path, file_patch.new_path):
             if path is not None and is_test_path(safe_path(path), protected) and not tests_too:
@@ -121,6 +128,10 @@ def apply_to_repo(
             raise PatchRejected(f"{file_patch.path}: {err}") from None
         if old is not None:
             del files[old]
+        if new is not None and new != old and not tests_too:
+            shadow = shadowed_module(new, files, test_modules)
+            if shadow:
+                raise PatchRejected(f"the patch creates {new!r}, which would shadow {shadow}")
         if new is not None:
             if new in files:
                 raise PatchRejected(f"the patch renames onto {new!r}, which exists")
@@ -128,12 +139,67 @@ def apply_to_repo(
     return files
 
 
+def shadowed_module(path: str, files: Mapping[str, str], test_modules: Sequence[str]) -> str:
+    """What a new file at `path` would shadow, in words ("" for nothing): a module from outside the
+    repository (the standard library or an installed package; the repository is first on the
+    path), or a package a test module lives in."""
+    top = _top_name(path)
+    if not top.isidentifier():
+        return ""
+    if top not in {_top_name(p) for p in files if p != path}:
+        if top in sys.stdlib_module_names or top in sys.builtin_module_names:
+            return f"the standard library's {top!r}"
+        if _installed(top):
+            return f"the installed package {top!r}"
+    module = module_of(path)
+    for test_module in test_modules:
+        if test_module.startswith(module + "."):
+            return f"the package of the test module {test_module!r}"
+    return ""
+
+
+def _installed(name: str) -> bool:
+    """Whether the interpreter imports a top-level module `name` from its own paths (not the
+    working directory, and not a bare directory: a namespace package shadows nothing)."""
+    paths = [p for p in sys.path if p and os.path.abspath(p) != os.getcwd()]
+    try:
+        spec = importlib.machinery.PathFinder.find_spec(name, paths)
+    except (ImportError, ValueError):
+        return False
+    return spec is not None and spec.origin is not None
+
+
+def _top_name(path: str) -> str:
+    """The top-level module or package name a repository path provides (`src/a.py` -> `src`)."""
+    first, slash, _ = path.partition("/")
+    return first if slash else first.removesuffix(".py")
+
+
 def sandbox_job(files: Mapping[str, str], tests: Sequence[Mapping[str, Any]]) -> Job:
-    """The sandbox job that runs `tests` on `files` (all of them, stopping at the first failure)."""
+    """The sandbox job that runs `tests` on `files` (all of them, stopping at the first failure),
+    with the test ids' literal expectations moved from their files into the judge's outputs."""
+    files = dict(files)
+    by_file: dict[str, list[str]] = {}
+    for test in tests:
+        if "test" in test:
+            path, _, name = str(test["test"]).partition("::")
+            by_file.setdefault(path, []).append(name)
+    expected: dict[str, list[Any]] = {}
+    for path, names in by_file.items():
+        if path in files:
+            lifted = lift_asserts(files[path], names)
+            files[path] = lifted.source
+            expected.update({f"{path}::{name}": values for name, values in lifted.expected.items()})
     sandbox_tests: list[dict[str, Any]] = []
     for test in tests:
         if "test" in test:
-            sandbox_tests.append({"args": ["test", str(test["test"]), ""], "output": PASSED})
+            test_id = str(test["test"])
+            sandbox_tests.append(
+                {
+                    "args": ["test", test_id, ""],
+                    "output": {"passed": True, "values": expected.get(test_id, [])},
+                }
+            )
         else:
             sandbox_tests.append(
                 {"args": ["value", str(test["module"]), str(test["expr"])], "output": test["output"]}
@@ -151,7 +217,17 @@ def module_of(path: str) -> str:
 
 
 DRIVER = '''
-import importlib, importlib.machinery, sys
+import builtins, importlib, importlib.machinery, json, sys
+
+_SEEN = []
+
+
+def _expect(value):
+    """A lifted assertion's computed value, kept as plain JSON data (anything else fails here)."""
+    _SEEN.append(json.loads(json.dumps(value, allow_nan=False)))
+
+
+setattr(builtins, "__RECORDER__", _expect)
 
 
 class _RepoImporter:
@@ -194,6 +270,7 @@ def _module(path_or_name):
 
 
 def _run_test(test_id):
+    del _SEEN[:]
     path, *names = test_id.split("::")
     target = _module(path)
     if len(names) == 2:
@@ -204,13 +281,13 @@ def _run_test(test_id):
             result = unittest.TestResult()
             cls(names[1]).run(result)
             if result.wasSuccessful() and not result.skipped:
-                return "passed"
+                return {"passed": True, "values": list(_SEEN)}
             problems = result.failures + result.errors
             return "failed: " + (problems[0][1].strip().splitlines()[-1] if problems else "skipped")
         getattr(cls(), names[1])()
     else:
         getattr(target, names[0])()
-    return "passed"
+    return {"passed": True, "values": list(_SEEN)}
 
 
 def cascade_swe_check(kind, target, expr):
@@ -220,4 +297,4 @@ def cascade_swe_check(kind, target, expr):
         return _run_test(target)
     except Exception as err:
         return "failed: " + type(err).__name__ + ": " + str(err)[:200]
-'''
+'''.replace("__RECORDER__", RECORDER)

@@ -14,7 +14,10 @@ shapes the reward runs:
 Classes of hostile patch: patches that fix nothing but resemble the gold one (what the
 execution-free similarity reward paid 0.6-0.96 for); patches that edit, add, rename onto or hook
 the tests; patches that end or subvert the test run (`sys.exit(0)` or `os._exit(0)` at import,
-rewriting the in-sandbox driver, an always-equal object); paths outside the repository; malformed
+rewriting the in-sandbox driver, an always-equal object); patches that subvert a test id's verdict
+from inside the process its test runs in (an always-equal return, test functions swapped for
+no-ops through `builtins`, "passed" written on every descriptor, a `tests.py` that runs before the
+tests' package) or shadow a module the tests import; paths outside the repository; malformed
 patches (huge, binary, garbage, a hunk header that lies); resource abuse at import.
 """
 
@@ -94,6 +97,11 @@ def _util_with(new_source: str) -> str:
     return "```diff\n" + unified_diff(UTIL_BUGGY, new_source, UTIL) + "```"
 
 
+def _calc_with(new_source: str) -> str:
+    """A patch turning the buggy calc.py of `TOTAL` into `new_source`."""
+    return "```diff\n" + unified_diff(CALC_BUGGY, new_source, "calc.py") + "```"
+
+
 def _prefixed(prefix: str) -> str:
     """A patch that keeps the bug and puts `prefix` at the top of src/util.py."""
     return _util_with(prefix + UTIL_BUGGY)
@@ -120,6 +128,32 @@ while _frame is not None:
     _frame = _frame.f_back
 
 """
+FORGED_TEST_VERDICT = """import builtins
+
+_getattr = builtins.getattr
+
+
+def _no_test(obj, name, *default):
+    if name.startswith("test_"):
+        return lambda: None
+    return _getattr(obj, name, *default)
+
+
+builtins.getattr = _no_test
+
+"""
+"""Replaces every test function the driver looks up with one that does nothing."""
+VERDICT_ON_THE_PIPE = """import os
+
+for _fd in range(3, 64):
+    try:
+        os.write(_fd, b'{"value": "passed"}\\n' * 4)
+    except OSError:
+        pass
+os._exit(0)
+
+"""
+"""Writes the old driver's answer for a passed test on every descriptor, then leaves."""
 ALWAYS_EQUAL = UTIL_BUGGY.replace(
     "    return best\n",
     "    class _Any:\n        def __eq__(self, other):\n            return True\n\n    return _Any()\n",
@@ -215,6 +249,54 @@ CASES: list[HostileCase] = [
         LARGEST,
         _new_file("json.py", "def loads(*a, **k):\n    return 9\n\ndef dumps(*a, **k):\n    return '9'"),
         FAILS,
+    ),
+    # -- subverting a test id's verdict (the test runs in the patched process)
+    HostileCase(
+        "test_id_always_equal_object",
+        TOTAL,
+        _calc_with(
+            "class _Any(int):\n    def __eq__(self, other):\n        return True\n\n\n"
+            "def total(xs):\n    return _Any(-1)\n"
+        ),
+        FAILS,
+    ),
+    HostileCase(
+        "test_id_plain_always_equal_object",
+        TOTAL,
+        _calc_with(
+            "class _Any:\n    def __eq__(self, other):\n        return True\n\n\n"
+            "def total(xs):\n    return _Any()\n"
+        ),
+        FAILS,
+    ),
+    HostileCase("test_id_driver_says_passed", TOTAL, _calc_with(DRIVER_REWRITE + CALC_BUGGY), FAILS),
+    HostileCase("test_id_forged_test_verdict", TOTAL, _calc_with(FORGED_TEST_VERDICT + CALC_BUGGY), FAILS),
+    HostileCase(
+        "test_id_verdict_written_on_the_pipe", TOTAL, _calc_with(VERDICT_ON_THE_PIPE + CALC_BUGGY), FAILS
+    ),
+    HostileCase(
+        "shadows_the_test_package",
+        TOTAL,
+        _new_file("tests.py", FORGED_TEST_VERDICT + "__path__ = []  # still the tests' package\n"),
+        REFUSED,
+    ),
+    HostileCase(
+        "shadows_unittest",
+        TOTAL,
+        _new_file("unittest.py", "class TestCase:\n    pass"),
+        REFUSED,
+    ),
+    HostileCase(
+        "shadows_an_installed_package",
+        TOTAL,
+        _new_file("pytest.py", "def raises(*a, **k):\n    pass"),
+        REFUSED,
+    ),
+    HostileCase(
+        "stdlib_package_by_a_data_file",
+        TOTAL,
+        _new_file("json/notes.txt", "shadow"),
+        REFUSED,
     ),
     HostileCase(
         "deletes_the_module",

@@ -53,6 +53,11 @@ def test_corpus_covers_each_class() -> None:
         "git_binary_patch",
         "hunk_header_lies",
         "rename_into_the_test_file",
+        "test_id_always_equal_object",
+        "test_id_forged_test_verdict",
+        "test_id_verdict_written_on_the_pipe",
+        "shadows_the_test_package",
+        "shadows_unittest",
     ):
         assert needed in names
 
