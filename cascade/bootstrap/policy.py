@@ -42,6 +42,7 @@ from cascade.engine.batch import build_batch, right_pad
 from cascade.engine.logprobs import completion_logits, gather_logprobs
 from cascade.eval.evaluate import evaluate_domain
 from cascade.model.chat import render_prompt, token_encoder
+from cascade.model.files import as_umask_allows
 from cascade.model.loading import Policy
 from cascade.rollout.policy import PolicyGenerate
 from cascade.tools.template import TOOL_CHAT_TEMPLATE, format_of_tokenizer, template_renderer
@@ -288,6 +289,7 @@ def save_untrained_model(
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
+    as_umask_allows(out_dir)
     return out_dir
 
 
@@ -374,6 +376,7 @@ def build_tiny_model(
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
+    as_umask_allows(out_dir)
     (out_dir / "sft_log.json").write_text(
         json.dumps({"spec": asdict(spec), "n_parameters": n_params, **asdict(result)}, indent=2)
     )

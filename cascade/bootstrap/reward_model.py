@@ -41,6 +41,7 @@ from cascade.domains.rlhf_preferences import (
     make_rlhf_problems,
     preference_pairs,
 )
+from cascade.model.files import as_umask_allows
 from cascade.model.reward_model import format_rm_input, rewards_of
 
 __all__ = [
@@ -244,5 +245,6 @@ def build_tiny_reward_model(
         model.eval()
         model.save_pretrained(out, safe_serialization=True)
         tokenizer.save_pretrained(out)
+        as_umask_allows(out)
         (out / "rm_metrics.json").write_text(json.dumps(metrics, indent=2))
         return metrics

@@ -39,6 +39,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file, save_model
 from torch.distributed.checkpoint.api import CheckpointException
 
+from cascade.model.files import as_umask_allows
 from cascade.model.loading import DTYPES, MASTER_DTYPE, Policy
 from cascade.parallel.checkpoint import DCP_DIR, MASTER_FILE, OPTIM_FILE, STATE_FILE
 from cascade.runner.run_state import RunDirError
@@ -73,6 +74,7 @@ def save_model_dir(policy: Policy, path: Path) -> None:
     else:
         policy.model.save_pretrained(path, safe_serialization=True)
     policy.tokenizer.save_pretrained(path)
+    as_umask_allows(path)
 
 
 def _needs_cast(policy: Policy) -> bool:

@@ -4,6 +4,7 @@ complete checkpoint directories are ever picked up or kept."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -142,6 +143,10 @@ def test_checkpoint_dir_is_a_loadable_model(
     policy, optim = trained
     path = tmp_path / "step-000002"
     save_checkpoint(path, policy=policy, optimizer=optim, generator=torch.Generator(), runner_state={})
+    # another user (a container's service user) may read the weights the umask lets it read
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (path / "model.safetensors").stat().st_mode & 0o777 == (0o666 & ~umask) | 0o600
     loaded = load_policy(path)
     assert loaded.tokenizer.chat_template == policy.tokenizer.chat_template
     assert loaded.eos_token_ids == policy.eos_token_ids
