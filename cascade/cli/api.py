@@ -11,7 +11,6 @@ import argparse
 import json
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
 
@@ -48,11 +47,16 @@ def cmd_api_create(args: argparse.Namespace) -> int:
     from cascade.config import ConfigError, load_cascade_config
 
     try:  # the same check the server makes, before sending anything
-        load_cascade_config(args.config)
+        cfg = load_cascade_config(args.config)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    code, out = _call(_client(args).create_cascade_yaml, Path(args.config).read_text(encoding="utf-8"))
+    import yaml
+
+    # sent with its paths as the file means them (relative ones taken from the file's directory,
+    # `load_cascade_config`), not as the server would read them from its own base directory
+    text = yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+    code, out = _call(_client(args).create_cascade_yaml, text)
     if out is not None:
         print(f"created cascade {out['id']} ({out['name']})")
         for st in out["stages"]:

@@ -18,9 +18,12 @@ def cmd_up(args: argparse.Namespace) -> int:
         cfg = with_tracking(load_cascade_config(args.config), args.track)
     except ConfigError as err:
         return fail(str(err))
-    from cascade.config import check_paths
+    from cascade.config import preflight_problems
 
-    problems = check_paths(cfg) + check_tracking(cfg.tracking)  # before any process starts
+    # what `cascade validate` says (paths, output directory, context, chat template): before any
+    # process starts
+    given_run_dir = Path(args.run_dir) if args.run_dir else None
+    problems = preflight_problems(cfg, run_dir=given_run_dir) + check_tracking(cfg.tracking)
     for line in problems:
         print(f"error: {args.config}: {line}", file=sys.stderr)
     if problems:
@@ -119,10 +122,18 @@ def cmd_up(args: argparse.Namespace) -> int:
         if code != 0:
             code = 128 - code if code < 0 else code  # killed by a signal: as a shell reports it
             learner = stack.procs["learner"]
+            from cascade.runner.checkpoint import latest_checkpoint
+
+            if latest_checkpoint(stack.run_dir / "checkpoints") is not None:
+                then = (
+                    "only --resume continues the run without losing anything (from its last "
+                    "checkpoint; the steps after it are redone)"
+                )
+            else:
+                then = "it wrote no checkpoint: there is nothing to resume"
             print(
                 f"error: the learner (pid {learner.pid}) ended: {learner.exit_status()} (its log: "
-                f"{learner.log_path}); cascade up does not restart it: only --resume continues the run "
-                "without losing anything (from its last checkpoint; the steps after it are redone)",
+                f"{learner.log_path}); cascade up does not restart it: {then}",
                 file=sys.stderr,
             )
     except KeyboardInterrupt:
@@ -143,21 +154,22 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def _up_hint(args: argparse.Namespace, run_dir: Path, stack) -> str:  # stack: LocalStack
-    """The command that restarts the stack as it was: `--resume` once the learner recorded a
-    run, else the same command again (nothing was trained)."""
-    import shlex
-
+    """The command that restarts the stack as it was: `--resume` once the learner wrote a
+    checkpoint to resume from, else the command that starts over (nothing was trained that a
+    resume would keep; `--fresh` when the run directory holds what this attempt wrote)."""
+    from cascade.cli.run import restart_hint
+    from cascade.runner.checkpoint import latest_checkpoint
     from cascade.runner.record import read_record, resume_command
 
     try:
-        stack.record_launch()  # run.json carries the launch too (the learner may not have waited)
-        record = read_record(stack.run_dir)
+        resumable = latest_checkpoint(stack.run_dir / "checkpoints") is not None
+        if resumable:
+            stack.record_launch()  # run.json carries the launch too (the learner may not have waited)
+        record = read_record(stack.run_dir) if resumable else None
     except (OSError, ValueError):
         record = None
     if record is None:
-        return f"no run recorded in {run_dir} (nothing trained yet); start again with: " + shlex.join(
-            ["cascade", *getattr(args, "argv", [])]
-        )
+        return restart_hint(args, run_dir, embedded=False)
     record.launch = stack.launch()
     # absolute paths: the command works from any directory (pasted at 3 a.m. elsewhere)
     return f"continue with: {resume_command(stack.config, stack.run_dir, record, embedded=False)}"

@@ -10,8 +10,10 @@ split by section: `base` (the strict model, domain names), `domains` (prompt sou
 advance rule), `stage` (GRPO, filters, distillation, `StageConfig`), `run` (model, chat,
 checkpoints, lease, resilience, learner, rollout), `vllm` (the vLLM engine), `tracking` (the
 trackers), `cascade` (`CascadeConfig` and its overrides). Apart from the schema: `loader` (the
-hardened YAML/JSON loader and `ConfigError`), `paths` (what the config names on disk, resolved) and `diff`
-(which settings change training, their hash).
+hardened YAML/JSON loader and `ConfigError`; a file's relative paths are taken from its
+directory), `paths` (what the config names on disk, resolved), `preflight` (what it asks of the
+model directory: the context, a chat template) and `diff` (which settings change training, their
+hash).
 """
 
 from __future__ import annotations
@@ -56,7 +58,16 @@ from cascade.config.paths import (
     check_paths,
     config_paths,
     resolve_path,
+    unwritable_dir,
+    with_paths_from,
     with_resolved_paths,
+)
+from cascade.config.preflight import (
+    chat_template_problems,
+    context_problems,
+    model_context,
+    preflight_problems,
+    tokenizer_has_chat_template,
 )
 from cascade.config.run import (
     DEVICE_PATTERN,
@@ -118,19 +129,26 @@ __all__ = [
     "TokenBudget",
     "TrackingConfig",
     "VllmEngineConfig",
+    "chat_template_problems",
     "check_json_depth",
     "check_paths",
     "config_paths",
+    "context_problems",
     "device_setting",
     "load_cascade_config",
     "metric_k",
+    "model_context",
     "parse_cascade_config",
     "parse_cascade_json",
     "parse_cascade_yaml",
     "parse_domain_config",
     "parse_watched_metric",
+    "preflight_problems",
     "resolve_path",
+    "tokenizer_has_chat_template",
+    "unwritable_dir",
     "with_learner_device",
+    "with_paths_from",
     "with_resolved_paths",
     "with_tracking",
 ]

@@ -213,6 +213,11 @@ class DomainConfig(StrictModel):
     prompts: PromptSource = SyntheticPrompts()
     reward: RewardConfig | None = None
     """Defaults to the domain's own reward kind with default settings."""
+    max_prompt_tokens: int | None = Field(None, ge=1)
+    """The longest prompt of this domain once rendered (chat template and flags included), in
+    tokens. Nothing is cut to it: it is what `cascade validate` adds to each stage's token
+    budgets to check them against the model's context (`max_position_embeddings`), and what the
+    learner's memory estimate takes a prompt to be. None: 32 (a short question)."""
 
     @model_validator(mode="after")
     def _reward_matches(self) -> DomainConfig:

@@ -7,6 +7,7 @@ the field path (`<source>: <field>: <message>`)."""
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from pydantic import ValidationError
 
 from cascade.config.cascade import CascadeConfig
 from cascade.config.domains import DomainConfig
+from cascade.config.paths import with_paths_from
 
 MAX_DEPTH = 64
 """Deepest nesting of mappings and lists a config may have (a real one nests about 5 deep).
@@ -167,6 +169,11 @@ def parse_cascade_json(text: str, source: str = "config", *, max_depth: int = MA
 
 
 def load_cascade_config(path: str | Path) -> CascadeConfig:
+    """The cascade in a YAML (or JSON) file. Every relative path in it (`model.path`,
+    `output_dir`, prompt files, tracker directories, `chat.template_path`, ...; defaults such as
+    `output_dir: runs` too) is taken from the file's directory, not the working directory, and
+    made absolute: the file means the same from anywhere, and so does everything that gets the
+    config from here (the runner, `cascade up`'s processes, run.json, the control plane)."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -175,12 +182,7 @@ def load_cascade_config(path: str | Path) -> CascadeConfig:
     except UnicodeDecodeError as err:
         raise ConfigError(f"{path}: not UTF-8 text (byte {err.start})") from None
     config = parse_cascade_yaml(text, str(path))
-    if not config.model.path.is_absolute():
-        base = path.parent
-        # Relative model paths are relative to the working directory if they exist there,
-        # else to the config file (so examples work from any directory).
-        if not config.model.path.exists() and (base / config.model.path).exists():
-            config = config.model_copy(
-                update={"model": config.model.model_copy(update={"path": base / config.model.path})}
-            )
-    return config
+    try:
+        return with_paths_from(config, Path(os.path.abspath(path)).parent)
+    except ValueError as err:
+        raise ConfigError(f"{path}: {err}") from None

@@ -5,6 +5,7 @@ plane confines them to its roots, the runner's config diff compares them)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -54,9 +55,36 @@ def check_paths(cfg: CascadeConfig) -> list[str]:
                     problems.append(f"domains.{i}.prompts.{name}: {shown(path)} does not exist")
         if isinstance(domain.reward, RlhfReward):
             model_dir(f"domains.{i}.reward.model_path", domain.reward.model_path)
-    if cfg.output_dir.exists() and not cfg.output_dir.is_dir():
-        problems.append(f"output_dir: {shown(cfg.output_dir)} exists and is not a directory")
+    if cfg.chat.template_path is not None:
+        path = cfg.chat.template_path
+        if not path.exists():
+            problems.append(f"chat.template_path: {shown(path)} does not exist")
+        elif not path.is_file():
+            problems.append(f"chat.template_path: {shown(path)} is not a file")
+    why = unwritable_dir(cfg.output_dir)
+    if why is not None:
+        problems.append(f"output_dir: {shown(cfg.output_dir)} {why}")
     return problems
+
+
+def unwritable_dir(path: Path) -> str | None:
+    """Why the runner could not create `path` (as `mkdir -p`) or write in it; None when it
+    can. Nothing is created: an existing directory must be writable, else the nearest
+    existing directory above it, and nothing on the way may be a file."""
+    probe = path.absolute()
+    missing = False
+    while not probe.exists():
+        if probe.is_symlink():
+            return f"cannot be created: {probe} is a dangling symlink"
+        missing = True
+        probe = probe.parent
+    if not probe.is_dir():
+        if not missing:
+            return "exists and is not a directory"
+        return f"cannot be created: {probe} is not a directory"
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return "is not writable" if not missing else f"cannot be created: {probe} is not writable"
+    return None
 
 
 # --------------------------------------------------------------------------- every path, resolved
@@ -88,8 +116,8 @@ def resolve_path(path: Path | str, base: Path) -> Path:
 
 
 def _kind(loc: tuple[str | int, ...]) -> PathKind:
-    if loc[:1] == ("model",) or (loc[:1] == ("domains",) and loc[2:3] == ("reward",)):
-        return "model"  # the policy, a reward model, a judge, a chat template's tokenizer
+    if loc[:1] in (("model",), ("chat",)) or (loc[:1] == ("domains",) and loc[2:3] == ("reward",)):
+        return "model"  # the policy, a reward model, a judge, a chat template (file or tokenizer)
     if loc[:1] == ("domains",) and loc[2:3] == ("prompts",):
         return "data"
     # output_dir, tracking.* and any Path field added later without a place here: the strictest
@@ -141,10 +169,32 @@ def with_resolved_paths(cfg: CascadeConfig, base: Path) -> CascadeConfig:
     """`cfg` with every path it names (`config_paths`) replaced by `resolve_path(path, base)`:
     what is checked is then what the runner opens, from whichever directory it runs.
     ValueError names the field of a path that cannot be resolved."""
+    return _with_paths(cfg, lambda path: resolve_path(path, base))
+
+
+def with_paths_from(cfg: CascadeConfig, base: Path) -> CascadeConfig:
+    """`cfg` with every relative path it names taken from `base` (made absolute, `..` folded,
+    symlinks kept as written); absolute paths as they are. `load_cascade_config` passes the
+    config file's directory: a path in a file means the same from any working directory."""
+
+    def absolute(path: Path) -> Path:
+        if path.is_absolute():
+            return path
+        try:
+            return Path(os.path.abspath(base / path))
+        except (ValueError, OSError) as err:
+            raise ValueError(f"not a usable path ({err})") from None
+
+    if all(entry.path.is_absolute() for entry in config_paths(cfg)):
+        return cfg
+    return _with_paths(cfg, absolute)
+
+
+def _with_paths(cfg: CascadeConfig, resolve: Callable[[Path], Path]) -> CascadeConfig:
     data = cfg.model_dump(mode="json")
     for entry in config_paths(cfg):
         try:
-            resolved = str(resolve_path(entry.path, base))
+            resolved = str(resolve(entry.path))
         except ValueError as err:
             raise ValueError(f"{entry.field}: {err}") from None
         if entry.field == "tracking.mlflow.tracking_uri":

@@ -7,6 +7,7 @@ All but the model, the chat rendering and rollout seeding are left out of the tr
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
@@ -16,7 +17,8 @@ from cascade.config.base import StrictModel
 
 
 class ChatConfig(StrictModel):
-    """How prompts are rendered: the tokenizer's own chat template plus the thinking flags.
+    """How prompts are rendered: the tokenizer's own chat template (or `template_path` /
+    `template` in its place) plus the thinking flags.
 
     The flag is appended to the user message (Qwen3's soft switch) and `enable_thinking` is
     passed to the template, so a real Qwen3 directory and the tiny model behave alike.
@@ -25,6 +27,34 @@ class ChatConfig(StrictModel):
     think_flag: str = "/think"
     no_think_flag: str = "/no_think"
     system_prompt: str | None = None
+    template_path: Path | None = None
+    """A Jinja chat template file used instead of the tokenizer's own (for a base model whose
+    tokenizer has none, or to change the format): every prompt the run renders goes through it.
+    Relative to the config file's directory, as every path in a config file."""
+    template: str | None = None
+    """The same, as inline Jinja text (set at most one of `template_path` and `template`)."""
+
+    @model_validator(mode="after")
+    def _one_template(self) -> ChatConfig:
+        if self.template_path is not None and self.template is not None:
+            raise ValueError("set template_path or template, not both")
+        if self.template is not None and not self.template.strip():
+            raise ValueError("template: empty (leave it out to use the tokenizer's own)")
+        return self
+
+    def template_text(self) -> str | None:
+        """The chat template this config gives (None: the tokenizer's own). A file is read once
+        per process (OSError when it cannot be: `cascade validate` checks it first)."""
+        if self.template is not None:
+            return self.template
+        if self.template_path is not None:
+            return _read_template(str(self.template_path))
+        return None
+
+
+@lru_cache(maxsize=8)
+def _read_template(path: str) -> str:
+    return Path(path).read_text(encoding="utf-8")
 
 
 class ModelConfig(StrictModel):

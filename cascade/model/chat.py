@@ -10,6 +10,23 @@ from transformers import PreTrainedTokenizerBase
 from cascade.config import ChatConfig
 
 
+class NoChatTemplate(ValueError):
+    """Neither the config (`chat.template_path`, `chat.template`) nor the tokenizer gives a
+    chat template (`cascade validate` says so before a run)."""
+
+
+def chat_template(tokenizer: PreTrainedTokenizerBase, chat: ChatConfig) -> str | None:
+    """The template prompts are rendered with: the config's, else None (the tokenizer's own).
+    `NoChatTemplate` when there is neither."""
+    text = chat.template_text()
+    if text is None and not getattr(tokenizer, "chat_template", None):
+        raise NoChatTemplate(
+            f"{getattr(tokenizer, 'name_or_path', 'the tokenizer')}: no chat template: give one with "
+            "chat.template_path (a Jinja file) or chat.template"
+        )
+    return text
+
+
 def render_prompt(
     tokenizer: PreTrainedTokenizerBase,
     chat: ChatConfig,
@@ -25,7 +42,12 @@ def render_prompt(
     messages.append({"role": "user", "content": f"{prompt} {flag}".strip()})
     schemas: list[dict[Any, Any] | Callable[..., Any]] | None = list(tools) if tools else None
     text = tokenizer.apply_chat_template(
-        messages, tools=schemas, add_generation_prompt=True, enable_thinking=thinking, tokenize=False
+        messages,
+        tools=schemas,
+        chat_template=chat_template(tokenizer, chat),
+        add_generation_prompt=True,
+        enable_thinking=thinking,
+        tokenize=False,
     )
     assert isinstance(text, str)
     return text
@@ -70,7 +92,11 @@ def render_messages(
     if chat.system_prompt and not any(m.get("role") == "system" for m in msgs):
         msgs.insert(0, {"role": "system", "content": chat.system_prompt})
     text = tokenizer.apply_chat_template(
-        msgs, add_generation_prompt=True, enable_thinking=thinking, tokenize=False
+        msgs,
+        chat_template=chat_template(tokenizer, chat),
+        add_generation_prompt=True,
+        enable_thinking=thinking,
+        tokenize=False,
     )
     assert isinstance(text, str)
     return text

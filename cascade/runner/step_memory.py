@@ -21,7 +21,8 @@ sharded learner), in bytes:
   distillation term's passes run (to tell the two gradient norms apart);
 - the optimizer step: the gradient copies the norms take and AdamW's foreach temporary.
 
-Every sequence is taken at its stage's largest token budget plus `PROMPT_TOKENS`. Left out:
+Every sequence is taken at its stage's largest token budget plus its domain's
+`max_prompt_tokens` (`PROMPT_TOKENS` when not given). Left out:
 the allocator's slack and fragmentation, attention kernels' workspaces, the transient tensors of
 a backward in progress, the frozen models' own forward passes, the CUDA context, and the rollout
 engine (its KV cache, eval generation). So a config under it may still not fit; one over it is
@@ -47,11 +48,13 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from cascade.config import CascadeConfig, StageConfig
+from cascade.config.preflight import DEFAULT_PROMPT_TOKENS, prompt_tokens
 from cascade.engine.microbatch import MicroBatching
 
 GIB = 1024**3
-PROMPT_TOKENS = 32
-"""Prompt tokens assumed per sequence (chat markers and a short question)."""
+PROMPT_TOKENS = DEFAULT_PROMPT_TOKENS
+"""Prompt tokens assumed per sequence (chat markers and a short question) when the stage's
+domain does not give its `max_prompt_tokens`."""
 DEFAULTS = {"group_size": 8, "prompts_per_step": 16, "budget.max_new_tokens": 32}
 """The GRPO fields' defaults: the one furthest above its default is named as the cause."""
 MASTER_BYTES = 4
@@ -420,7 +423,7 @@ def estimate_stage(
     return estimate_step(
         shape,
         sequences=g.group_size * math.ceil(_prompts_per_step(cfg, stage) / ranks),
-        prompt_tokens=PROMPT_TOKENS,
+        prompt_tokens=prompt_tokens(cfg, stage.domain)[0],
         completion_tokens=_largest_budget(stage),
         batching=batching or MicroBatching.of(cfg.learner),
         compute_dtype_bytes=precision.compute,
