@@ -19,15 +19,14 @@ def all_letters_cased(text: str) -> bool:
 
 
 def load_json(text: str) -> tuple[bool, Any]:
-    """(ok, value) of a whole response as JSON, optionally in a markdown fence (```` ``` ```` or
-    ```` ```json ````, any case). Nesting too deep for the parser is not JSON (never an exception)."""
+    """(ok, value) of a whole response as JSON, optionally in a markdown fence, the fence read as
+    IFEval reads it: the stripped text loses a leading ```` ```json ````, ```` ```Json ````,
+    ```` ```JSON ```` and ```` ``` ```` (each in turn) and a trailing ```` ``` ````. Nesting too
+    deep for the parser is not JSON (never an exception)."""
     text = text.strip()
-    if text.startswith("```"):
-        text = text[3:]
-        if text[:4].lower() == "json":
-            text = text[4:]
-        if text.endswith("```"):
-            text = text[:-3]
+    for fence in ("```json", "```Json", "```JSON", "```"):
+        text = text.removeprefix(fence)
+    text = text.removesuffix("```").strip()
     try:
         return True, json.loads(text)
     except (ValueError, RecursionError):

@@ -156,19 +156,20 @@ CheckMode = Literal["strict", "loose"]
 
 
 def loose_variants(response: str) -> list[str]:
-    """IFEval's loose variants: the response with the first, last or both lines removed, each with
-    and without `*` stripped; blank variants dropped, duplicates removed (order kept)."""
+    """IFEval's loose variants, built as its reference builds them: the response with the first,
+    last or both lines removed (each then stripped), and each of the four with `*` removed
+    afterwards; blank variants dropped, duplicates removed (order kept)."""
+    lines = response.split("\n")
+    cut = [
+        response,
+        "\n".join(lines[1:]).strip(),
+        "\n".join(lines[:-1]).strip(),
+        "\n".join(lines[1:-1]).strip(),
+    ]
     variants: list[str] = []
-    for text in (response, response.replace("*", "")):
-        lines = text.split("\n")
-        for candidate in (
-            text,
-            "\n".join(lines[1:]).strip(),
-            "\n".join(lines[:-1]).strip(),
-            "\n".join(lines[1:-1]).strip(),
-        ):
-            if not is_blank(candidate) and candidate not in variants:
-                variants.append(candidate)
+    for candidate in cut + [text.replace("*", "") for text in cut]:
+        if not is_blank(candidate) and candidate not in variants:
+            variants.append(candidate)
     return variants
 
 

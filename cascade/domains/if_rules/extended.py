@@ -6,7 +6,7 @@ import re
 from typing import Any
 
 from cascade.domains.if_rules.basic import AllLowercase, AllUppercase, load_json
-from cascade.domains.if_rules.core import WORD_RE, Rule, register, word_key, word_keys, words
+from cascade.domains.if_rules.core import WORD_RE, Rule, register, word_keys, words
 from cascade.domains.if_rules.text import (
     _CountRule,
     _require_text,
@@ -201,34 +201,38 @@ class Postscript(Rule):
     name = "postscript"
     template = "At the end of your response, add a postscript starting with {marker}"
     description = (
-        "A line starts with `marker` (case-insensitive; markdown emphasis or a heading mark may "
-        "precede it; a space may follow each full stop, so `P. S.` counts for `P.S.`) and some "
-        "text follows it. A marker inside a line (`...maps.`) is not a postscript."
+        "`marker` is written (case-insensitive; whitespace may follow each full stop, so `P. S.` "
+        "counts for `P.S.`; anywhere, as IFEval finds it: at a line's start, after markdown, or "
+        "inline) and some text follows it. A marker inside a word (`lap.s.`) or the tail of a longer "
+        "one (`P.S.` in `P.P.S.`) is not the postscript asked for, nor is a bare marker with no text."
     )
     arguments = {"marker": str}
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
-        parts = [re.escape(c) + (r" ?" if c == "." else "") for c in self.params["marker"].strip()]
+        parts = [re.escape(c) + (r"\s?" if c == "." else "") for c in self.params["marker"].strip()]
         self._marker = re.compile("".join(parts), re.IGNORECASE)
 
     def validate(self) -> None:
         _require_text(self, "marker")
 
     def check(self, response: str) -> bool:
-        lines = response.splitlines()
-        last_with_words = max((i for i, line in enumerate(lines) if WORD_RE.search(line)), default=-1)
-        for index, line in enumerate(lines):
-            body = line.lstrip(_MARKDOWN_LEAD)
-            found = self._marker.match(body)
-            if found is not None and (WORD_RE.search(body, found.end()) or index < last_with_words):
+        last_word = len(response.rstrip()) - 1
+        while last_word >= 0 and not (response[last_word].isalnum() or response[last_word] == "_"):
+            last_word -= 1
+        for found in self._marker.finditer(response):
+            start = found.start()
+            before = response[max(0, start - 3) : start].lower().replace(" ", "")
+            inside_word = start > 0 and (response[start - 1].isalnum() or response[start - 1] == "_")
+            if inside_word or before.endswith("p."):
+                continue
+            if last_word >= found.end():
                 return True
         return False
 
 
 # --------------------------------------------------------------------------- markup
 
-_TITLE = re.compile(r"<<([^\n<>]+)>>")
 _PLACEHOLDER = re.compile(r"\[([^\[\]\n]+)\]")
 _BOLD = re.compile(r"\*\*([^\n*]+)\*\*")
 _ITALIC = re.compile(r"(?<!\*)\*([^\n*]+)\*(?!\*)")
@@ -238,11 +242,22 @@ _ITALIC = re.compile(r"(?<!\*)\*([^\n*]+)\*(?!\*)")
 class Title(Rule):
     name = "title"
     template = "Include a title wrapped in double angular brackets, such as <<poem of joy>>."
-    description = "Contains a non-blank title on one line in double angle brackets: `<<title>>`."
+    description = (
+        "Contains a non-blank title on one line in double angle brackets: `<<title>>` (markup inside "
+        "it counts: `<<**Title**>>`, `<<a <b> c>>`), read as IFEval reads it: on each line, from the "
+        "first `<<` to the last `>>`, with the brackets stripped."
+    )
     arguments = {}
 
     def check(self, response: str) -> bool:
-        return any(title.strip() for title in _TITLE.findall(response))
+        return any(_title_on(line) for line in response.split("\n"))
+
+
+def _title_on(line: str) -> bool:
+    """IFEval's greedy `<<[^\\n]+>>` on one line, in linear time: the span from its first `<<` to
+    its last `>>` (at least one character between), `<`s and `>`s stripped from its ends."""
+    start, end = line.find("<<"), line.rfind(">>")
+    return start >= 0 and end > start + 2 and bool(line[start : end + 2].lstrip("<").rstrip(">").strip())
 
 
 @register
@@ -400,8 +415,9 @@ class MarkdownBullets(_CountRule):
     name = "markdown_bullets"
     template = "Your answer must contain exactly {n} bullet points, in markdown: * like this."
     description = (
-        "Exactly `n` lines are markdown bullets (`* `, `- ` or `+ ` then text, any indent); other "
-        "lines may surround them. A `---` rule or a `*emphasis*` line is not a bullet."
+        "Exactly `n` lines are markdown bullets (`* ` or `- ` then text, any indent, as IFEval's "
+        "bullets; a `+ ` line is not counted, as IFEval does not count it); other lines may surround "
+        "them. A `---` rule, a `*emphasis*` line, `-5` or an empty bullet is not a bullet."
     )
     arguments = {"n": int}
 
@@ -413,7 +429,7 @@ class MarkdownBullets(_CountRule):
 
 def _is_markdown_bullet(line: str) -> bool:
     body = line.lstrip()
-    return len(body) > 2 and body[0] in "*-+" and body[1] in " \t" and not body[2:].isspace()
+    return len(body) > 2 and body[0] in "*-" and body[1] in " \t" and not body[2:].isspace()
 
 
 @register
@@ -426,7 +442,8 @@ class ParagraphFirstWord(Rule):
     description = (
         "Exactly `num_paragraphs` paragraphs separated by blank lines (see "
         "`blank_line_paragraphs`), and the first word of paragraph `nth_paragraph` (1-based) is "
-        "`first_word` (case-insensitive; markdown and quotes before it ignored)."
+        "`first_word` (case-insensitive; read from the paragraph's first token as IFEval reads it, "
+        "see `_first_word`; markdown and quotes before it ignored)."
     )
     arguments = {"num_paragraphs": int, "nth_paragraph": int, "first_word": str}
 
@@ -441,5 +458,22 @@ class ParagraphFirstWord(Rule):
         found = blank_line_paragraphs(response)
         if len(found) != self.params["num_paragraphs"]:
             return False
-        first = WORD_RE.search(found[self.params["nth_paragraph"] - 1])
-        return first is not None and word_key(first.group()) == word_key(self.params["first_word"])
+        tokens = found[self.params["nth_paragraph"] - 1].split()
+        return bool(tokens) and _first_word(tokens[0]) == self.params["first_word"].lower()
+
+
+_FIRST_WORD_LEAD = "#*_>\"'\u201c\u2018"
+_FIRST_WORD_END = ".,?!'\"\u2019\u201d*_"
+
+
+def _first_word(token: str) -> str:
+    """A paragraph's first word as IFEval reads it from its first whitespace-separated token:
+    leading quotes (and here markdown marks) dropped, cut at the first `.`, `,`, `?`, `!` or quote
+    (and here a closing markdown mark), lowercased: `"Sea,` and `**Sea's**` read `sea`, `sea-like`
+    does not."""
+    word = token.lstrip(_FIRST_WORD_LEAD)
+    for index, char in enumerate(word):
+        if char in _FIRST_WORD_END:
+            word = word[:index]
+            break
+    return word.lower()

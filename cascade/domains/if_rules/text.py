@@ -21,7 +21,8 @@ _ABBREVIATIONS = frozenset(
 
 def _ends_sentence(token: str) -> bool:
     """Whether a whitespace-separated token closes a sentence: it ends in `.`, `!` or `?` (closing
-    quotes and brackets may follow), and a full stop is not that of an abbreviation or initial."""
+    quotes and brackets may follow), and a full stop is not that of an abbreviation, a capital
+    initial or an ellipsis."""
     core = token.rstrip(_CLOSERS)
     if not core or core[-1] not in ".!?":
         return False
@@ -29,8 +30,8 @@ def _ends_sentence(token: str) -> bool:
         return True
     if core.endswith(".."):
         return False  # an ellipsis trails off; Punkt does not end the sentence there
-    stem = core[:-1].lstrip(_OPENERS).lower()
-    return not (stem in _ABBREVIATIONS or (len(stem) == 1 and stem.isalpha()))
+    stem = core[:-1].lstrip(_OPENERS)
+    return not (stem.lower() in _ABBREVIATIONS or (len(stem) == 1 and stem.isupper()))
 
 
 def sentences(text: str) -> list[str]:
@@ -39,8 +40,8 @@ def sentences(text: str) -> list[str]:
 
     A sentence ends with a token ending in `.`, `!` or `?` (closing quotes or brackets may
     follow it); a full stop inside a token (`3.14`, `a.b`) never ends one, nor does that of a
-    known abbreviation (`e.g.`, `Dr.`, ...), of an ellipsis (`...`) or of a one-letter initial
-    (`J.`). Line breaks are
+    known abbreviation (`e.g.`, `Dr.`, ...) or of a capital initial (`J.`; a lowercase `a.` does
+    end one) or of an ellipsis (`...`). Line breaks are
     not sentence ends (a list of unpunctuated bullets is one sentence, as Punkt counts it).
     Text after the last end is a sentence if it has a word; pieces with no word character are not
     sentences.
