@@ -10,7 +10,7 @@ from cascade.cli.common import fail, quiet_hub_progress
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from cascade.config import ConfigError, check_paths, load_cascade_config
+    from cascade.config import ConfigError, load_cascade_config, preflight_problems
     from cascade.tracking import check_tracking
 
     status = 0
@@ -21,7 +21,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
             print(f"error: {err}", file=sys.stderr)
             status = 2
             continue
-        problems = [] if args.schema_only else check_paths(cfg) + check_tracking(cfg.tracking)
+        problems = [] if args.schema_only else preflight_problems(cfg) + check_tracking(cfg.tracking)
         if not args.schema_only:
             from cascade.runner.step_memory import step_memory_problems
 
@@ -130,10 +130,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _run_embedded(args: argparse.Namespace, cfg, run_dir: Path, world) -> int:
-    from cascade.config import check_paths
+    from cascade.config import preflight_problems
 
-    missing = check_paths(cfg)
-    if missing:  # what `cascade validate` says, before anything is written
+    # what `cascade validate` says (paths, output directory, context, chat template), before
+    # any model is loaded or anything written
+    missing = preflight_problems(cfg, run_dir=run_dir if args.run_dir else None)
+    if missing:
         for line in missing:
             print(f"error: {args.config or 'config'}: {line}", file=sys.stderr)
         return 2
@@ -152,7 +154,7 @@ def _run_embedded(args: argparse.Namespace, cfg, run_dir: Path, world) -> int:
     from cascade.tracking import TrackingUnavailable
 
     console = Console(stderr=True)
-    progress = RunProgress(enabled=not args.no_progress, console=console)
+    progress = RunProgress(console=console, bars=not args.no_progress)
     try:
         runner = embedded_runner(
             cfg,
@@ -175,16 +177,14 @@ def _run_embedded(args: argparse.Namespace, cfg, run_dir: Path, world) -> int:
         return fail(str(err))
     except KeyboardInterrupt:
         progress.stop()
-        hint = resume_command(args.config, run_dir, read_record(run_dir), embedded=True)
-        print(f"interrupted; continue with: {hint}", file=sys.stderr)
+        print(f"interrupted; {restart_hint(args, run_dir, embedded=True)}", file=sys.stderr)
         return 130
     except Exception as err:
         if not _is_outage(err):
             raise
         progress.stop()  # a database, disk or Redis error: what broke, and how to go on once it is back
-        hint = resume_command(args.config, run_dir, read_record(run_dir), embedded=True)
         print(f"error: the run stopped: {_one_line(err)}", file=sys.stderr)
-        print(f"continue with (once that is fixed): {hint}", file=sys.stderr)
+        print(restart_hint(args, run_dir, embedded=True, fixed=True), file=sys.stderr)
         return 1
     if result.stopped_by == "aborted":
         print("run aborted by an operator", file=sys.stderr)
@@ -204,6 +204,46 @@ def _run_embedded(args: argparse.Namespace, cfg, run_dir: Path, world) -> int:
     print_regression_table(result.report_dir)
     print(f"report: {result.report_dir}")
     return 0
+
+
+def restart_hint(
+    args: argparse.Namespace,
+    run_dir: Path,
+    *,
+    embedded: bool,
+    config: str | Path | None = None,
+    fixed: bool = False,
+) -> str:
+    """How to go on after a run stopped: `continue with: <--resume command>` once the run has a
+    checkpoint to resume from; before that (nothing trained that a resume would keep: `--resume`
+    would be refused), the command that starts it over: with `--fresh` when the run directory
+    already holds what this attempt wrote, else the same command again. `config`: the config
+    path the resume command names (default: the one given). `fixed`: after an outage (said
+    "once that is fixed")."""
+    import shlex
+
+    from cascade.runner.checkpoint import latest_checkpoint
+    from cascade.runner.record import read_record, resume_command
+
+    config_path = config if config is not None else getattr(args, "config", None)
+    try:
+        resumable = latest_checkpoint(run_dir / "checkpoints") is not None
+        record = read_record(run_dir) if resumable else None
+        holds = run_dir.is_dir() and any(run_dir.iterdir())
+    except (OSError, ValueError):
+        resumable, record, holds = False, None, False
+    once = " once that is fixed" if fixed else ""
+    if resumable:
+        when = " (once that is fixed)" if fixed else ""
+        return f"continue with{when}: {resume_command(config_path, run_dir, record, embedded=embedded)}"
+    argv = [a for a in getattr(args, "argv", []) if a not in ("--resume", "--fresh", "--yes")]
+    words = ["cascade", *argv] if argv else ["cascade", "run" if embedded else "up", str(config_path)]
+    if holds:
+        words.append("--fresh")
+        if not any(a == "--run-dir" or a.startswith("--run-dir=") for a in argv):
+            words += ["--run-dir", str(run_dir)]
+        return f"nothing to resume (no checkpoint yet); start over{once} with: {shlex.join(words)}"
+    return f"nothing was trained; start again{once} with: {shlex.join(words)}"
 
 
 def _is_outage(err: BaseException) -> bool:

@@ -61,13 +61,20 @@ from cascade.runner.run_state import RunDirError, RunResult, RunState, rng_state
 from cascade.runner.run_store import RunStore
 from cascade.runner.sources import RunSources, SourceStopped
 from cascade.runner.staging import clear_stale, publish, staged_path
+from cascade.runner.step_logs import (
+    COMPLETION_GROUPS,
+    COMPLETIONS_LOG,
+    SAMPLES_LOG,
+    STEP_LOGS,
+    completion_records,
+    lines_to_keep,
+)
 from cascade.runner.step_memory import step_memory_problems
 from cascade.runner.training import PolicyTrainer, make_trainer
 from cascade.runner.update import UpdateRequest
 from cascade.store.leases import Holder, LeaseLost
 from cascade.tracking import Tracker
 
-SAMPLES_LOG = "samples.jsonl"
 """One line per step: the sample ids it trained on (a sample trained twice would show here)."""
 
 
@@ -179,7 +186,7 @@ class CascadeRunner:
         self.holder = Holder.this_process(token=uuid.uuid4().hex)
         self.lease: LeaseKeeper | None = None
         self._idle_s = 0.0
-        self._samples_logged_step = -1
+        self._step_logged = -1
         self.state = RunState()
         # the newest checkpoint that proves itself (manifest, finite weights); the ones skipped, in one line
         self.resume_from = newest_verified_checkpoint(self.ckpt_root, self.log) if resume else None
@@ -218,7 +225,7 @@ class CascadeRunner:
         if self.resume_from is not None:
             # every check of a resume comes before its first change (the store's rows, the samples log)
             saved = read_runner_state(self.resume_from)
-            samples = self._samples_to_keep(saved["global_step"])
+            step_logs = self._step_logs_to_keep(saved["global_step"])
             self.trainer.load(self.resume_from)
             self.policy = self.trainer.policy
             self.state = RunState(**saved)
@@ -231,7 +238,7 @@ class CascadeRunner:
             holder = None if self.state.finished else self.holder
             self.store.resume(self.state.store_ids, holder=holder, expiry_s=self.cfg.lease.expiry_s)
             self.store.truncate_after(
-                self.state.global_step, then=lambda: self._truncate_samples_log(samples)
+                self.state.global_step, then=lambda: self._truncate_step_logs(step_logs)
             )
             self.log(
                 f"resumed from {self.resume_from.name}: stage {self.state.stage_index + 1}, "
@@ -286,40 +293,17 @@ class CascadeRunner:
             ),
         )
 
-    def _samples_to_keep(self, global_step: int) -> list[str] | None:
-        """The samples log's lines up to `global_step` (the steps after the checkpoint are redone),
-        read and checked before a resume changes anything; None when there is no log. A cut last
-        line (a disk that filled during the append) is dropped, in one log line; a line before it
-        that does not read is a `RunDirError` naming the file and line."""
-        path = self.run_dir / SAMPLES_LOG
-        if not path.exists():
-            return None
-        lines = path.read_text().splitlines()
-        kept: list[str] = []
-        for number, line in enumerate(lines, start=1):
-            try:
-                step = json.loads(line)["global_step"]
-                if not isinstance(step, int):
-                    raise TypeError(f"global_step is {step!r}")
-            except (ValueError, KeyError, TypeError) as err:
-                if number < len(lines):
-                    raise RunDirError(
-                        f"{path}:{number}: not a line of the samples log ({err}); only a cut last line "
-                        "is repaired: fix or remove that line, then resume"
-                    ) from None
-                self.log(
-                    f"{path}: dropped its last line, cut short ({len(line.encode())} bytes that do not read)"
-                )
-                break
-            if step <= global_step:
-                kept.append(line)
-        return kept
+    def _step_logs_to_keep(self, global_step: int) -> dict[str, list[str]]:
+        """Each per-step log's lines up to `global_step` (`step_logs`), read and checked before a
+        resume changes anything."""
+        kept = {name: lines_to_keep(self.run_dir / name, global_step, self.log) for name in STEP_LOGS}
+        return {name: lines for name, lines in kept.items() if lines is not None}
 
-    def _truncate_samples_log(self, kept: list[str] | None) -> None:
-        """The samples log as `_samples_to_keep` left it, written atomically (the steps after the
-        checkpoint are redone: their trained sample ids go, as their rows do)."""
-        if kept is not None:
-            write_text_atomically(self.run_dir / SAMPLES_LOG, "".join(f"{line}\n" for line in kept))
+    def _truncate_step_logs(self, kept: dict[str, list[str]]) -> None:
+        """The per-step logs as `_step_logs_to_keep` left them, each written atomically (the steps
+        after the checkpoint are redone: their lines go, as their rows do)."""
+        for name, lines in kept.items():
+            write_text_atomically(self.run_dir / name, "".join(f"{line}\n" for line in lines))
 
     # ------------------------------------------------------------------ main loop
 
@@ -509,13 +493,19 @@ class CascadeRunner:
             **self.sources.rollouts.stats(),
             **resilience_metrics(self.store.watched),
         }
-        line = json.dumps({"global_step": self.state.global_step, "sample_ids": batch.sample_ids}) + "\n"
+        global_step = self.state.global_step
+        prompts = [p.prompt for p in batch.problems]
+        shown = completion_records(batch, global_step, stage.label, COMPLETION_GROUPS, prompts)
+        lines = {
+            SAMPLES_LOG: json.dumps({"global_step": global_step, "sample_ids": batch.sample_ids}) + "\n",
+            COMPLETIONS_LOG: "".join(json.dumps(r) + "\n" for r in shown),
+        }
         self.store.record_step(
             self.state.stage_index,
             self.state.stage_step,
             self.state.global_step,
             metrics,
-            then=lambda: self._log_samples(self.state.global_step, line),
+            then=lambda: self._log_step(global_step, lines),
         )
         if self.on_step is not None:
             self.on_step(self.state.global_step, metrics)
@@ -741,13 +731,15 @@ class CascadeRunner:
     def _epoch(self) -> int:
         return self.store.fence.epoch if self.store.fence is not None else 0
 
-    def _log_samples(self, global_step: int, line: str) -> None:
-        """The step's trained sample ids, once (the step's transaction may be retried)."""
-        if self._samples_logged_step == global_step:
+    def _log_step(self, global_step: int, lines: dict[str, str]) -> None:
+        """The step's lines of the per-step logs, once (the step's transaction may be retried)."""
+        if self._step_logged == global_step:
             return
-        with (self.run_dir / SAMPLES_LOG).open("a") as f:
-            f.write(line)
-        self._samples_logged_step = global_step
+        for name, text in lines.items():
+            if text:
+                with (self.run_dir / name).open("a") as f:
+                    f.write(text)
+        self._step_logged = global_step
 
     def _checkpoint(self, tracker: AdvanceTracker | None) -> None:
         self.state.tracker = tracker.state_dict() if tracker is not None else {}

@@ -138,7 +138,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _drive(args: argparse.Namespace, cfg: Any, world: Any) -> int:
     """Rank 0 (or the only rank): the stage loop over the services."""
+    from rich.console import Console
+
     from cascade.runner.fresh import confirm_fresh
+    from cascade.runner.progress import RunProgress
     from cascade.runner.record import read_record, resume_command
     from cascade.runner.run_state import RunDirError
     from cascade.runner.run_store import CascadeMismatch, LeaseHeld
@@ -184,6 +187,7 @@ def _drive(args: argparse.Namespace, cfg: Any, world: Any) -> int:
             resume=args.resume,
             fresh=args.fresh,
             log=log,
+            progress=RunProgress(console=Console(file=sys.stdout), bars=False),
             cascade_id=cascade_id,
             follow=args.follow,
             redis_url=args.redis_url,

@@ -17,6 +17,7 @@ from cascade.cli.main import main as cli_main
 from cascade.runner import checkpoint
 from cascade.runner.embedded import RunDirError
 from cascade.runner.loop import SAMPLES_LOG
+from cascade.runner.step_logs import COMPLETIONS_LOG
 
 STEPS = 6
 
@@ -85,6 +86,21 @@ def test_a_cut_last_line_of_the_samples_log_is_repaired(e2e, run_dir: Path) -> N
     assert any(line.startswith(f"{log}: dropped its last line, cut short (") for line in lines)
     assert _trained_steps(run_dir) == list(range(1, STEPS + 1))
     assert not log.with_name(log.name + ".tmp").exists()
+
+
+def test_the_completions_log_is_cut_back_with_the_steps_a_resume_redoes(e2e, run_dir: Path) -> None:
+    """Resumed from step-000002: steps 3 and 4 are trained again, their completions written once."""
+    shutil.rmtree(run_dir / "checkpoints" / "step-000004")
+    log = run_dir / COMPLETIONS_LOG
+    with log.open("a") as f:
+        f.write('{"global_step": 4, "completion": "cut')
+    _resume(e2e, run_dir)
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    steps = [r["global_step"] for r in records]
+    # the best and the worst completion of each of the step's two groups of two
+    assert steps == [s for s in range(1, STEPS + 1) for _ in range(4)]
+    assert all(r["domain"] == "if" and r["reason"] and isinstance(r["completion"], str) for r in records)
+    assert all(r["problem"].startswith("if") and r["finish"] in ("stop", "length") for r in records)
 
 
 def test_a_bad_line_before_the_last_stops_the_resume_before_any_change(e2e, run_dir: Path) -> None:
