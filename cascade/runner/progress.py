@@ -95,7 +95,6 @@ class RunProgress:
             self._progress = None
 
     def log(self, message: str) -> None:
-        if self._progress is not None:
-            self._progress.console.print(message)
-        else:
-            self.console.print(message)
+        """A plain line (never read as rich markup: `[low-high]` and paths print as written)."""
+        console = self._progress.console if self._progress is not None else self.console
+        console.print(message, markup=False, highlight=False, soft_wrap=True)

@@ -1,21 +1,26 @@
 """The end-of-run report: did each stage help its domain, and what did it cost the others?
 
 Forgetting is the failure Cascade exists to prevent, so every run ends with the regression
-table (domain x stage, plus each domain's drop from its best) and one eval curve per domain
-with the stage boundaries marked. Everything here works on plain `RunHistory` data, so it is
-tested without a database; `write_report` also accepts a Session and loads the history itself.
-Plots use matplotlib's Agg canvas directly (no pyplot, no global backend switch, no display).
+table (domain x stage, plus each domain's drop from its best), one eval curve per domain with
+the stage boundaries marked, and the training curves (reward, KL, distillation loss, lambda,
+completion length, clip fraction, entropy by global step: whichever the steps recorded), for
+the whole run and per stage. Everything here works on plain `RunHistory` data, so it is tested
+without a database; `write_report` also accepts a Session and loads the history itself. Plots
+use matplotlib's Agg canvas directly (no pyplot, no global backend switch, no display).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
+from rich.cells import cell_len
+from rich.console import Console, ConsoleOptions, RenderResult
 from rich.table import Table
 from rich.text import Text
 
@@ -24,6 +29,8 @@ from cascade.store.history import (
     RegressionRow,
     RegressionTable,
     RunHistory,
+    StageSpan,
+    StepPoint,
     build_regression_table,
     json_safe,
 )
@@ -88,18 +95,105 @@ def render_markdown(table: RegressionTable) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_regression_table(table: RegressionTable, title: str | None = "Regression table") -> Table:
-    """The same table for a terminal; drops outside noise (or, without intervals, of more than
-    one point) are shown in red."""
-    out = Table(title=title, caption=DEFINITIONS, caption_justify="left")
-    for i, column in enumerate(table.columns):
-        out.add_column(column, justify="left" if i == 0 else "right", no_wrap=True)
-    for row, cells in zip(table.rows, table_cells(table), strict=True):
-        drop, outside = row.final_minus_best, row.drop_outside_noise
-        bad = outside if outside is not None else drop is not None and drop < -0.01
-        style = "red" if bad else "green"
-        out.add_row(*(Text(c) for c in cells[:-1]), Text(cells[-1], style=style))
-    return out
+def render_regression_table(
+    table: RegressionTable, title: str | None = "Regression table"
+) -> RegressionTableView:
+    """The same table for a terminal (a rich renderable that fits the console's width); drops
+    outside noise (or, without intervals, of more than one point) are shown in red."""
+    return RegressionTableView(table, title)
+
+
+def _stacked(cell: str) -> str:
+    """A cell on two lines: the score above its interval, the drop above its noise flag."""
+    if cell.endswith("]") and " [" in cell:
+        score, interval = cell.split(" [", 1)
+        return f"{score}\n[{interval}"
+    return cell.replace(", ", "\n", 1)
+
+
+def _lines_width(text: str) -> int:
+    return max((cell_len(line) for line in text.splitlines()), default=0)
+
+
+class RegressionTableView:
+    """The regression table as rich renders it: each score above its interval (two lines), and
+    when the columns do not fit the console's width, the stage columns split over several tables
+    that each repeat the domain column, so no domain name, score or interval is ever cut. Every
+    text is plain `Text` (no rich markup: a stage named `[x]` or the legend's `[low-high]` print
+    as they are)."""
+
+    def __init__(self, table: RegressionTable, title: str | None = "Regression table") -> None:
+        self.table = table
+        self.title = title
+        self.headers = list(table.columns)
+        self.rows: list[tuple[list[str], str]] = []
+        for row, cells in zip(table.rows, table_cells(table), strict=True):
+            drop, outside = row.final_minus_best, row.drop_outside_noise
+            bad = outside if outside is not None else drop is not None and drop < -0.01
+            self.rows.append(([cells[0], *(_stacked(c) for c in cells[1:])], "red" if bad else "green"))
+
+    def _width(self, column: int, whole_header: bool) -> int:
+        """A column's text width: its widest cell line, and its header whole or its widest word."""
+        header = self.headers[column]
+        head = cell_len(header) if whole_header else max(cell_len(w) for w in header.split() or [""])
+        cells = [cells[column] for cells, _ in self.rows]
+        return max([head, *(_lines_width(c) for c in cells)])
+
+    @staticmethod
+    def _table_width(widths: list[int]) -> int:
+        return sum(w + 3 for w in widths) + 1  # padding 1 + 1 and a border per column, one more edge
+
+    def chunks(self, max_width: int) -> list[tuple[list[int], list[int]]]:
+        """The data columns (all but the domain) of each table to print, with every column's text
+        width: one table when it fits `max_width`, else as few as fit (at least one data column each)."""
+        n = len(self.headers)
+        for whole in (True, False):
+            widths = [self._width(i, whole) for i in range(n)]
+            if self._table_width(widths) <= max_width:
+                return [(list(range(1, n)), widths)]
+        out: list[tuple[list[int], list[int]]] = []
+        current: list[int] = []
+        for i in range(1, n):
+            if current and self._table_width([widths[0], *(widths[c] for c in [*current, i])]) > max_width:
+                out.append((current, widths))
+                current = []
+            current.append(i)
+        if current:
+            out.append((current, widths))
+        return out
+
+    def tables(self, max_width: int) -> list[Table]:
+        parts = self.chunks(max_width)
+        out = []
+        for k, (columns, widths) in enumerate(parts):
+            title = self.title
+            if title is not None and len(parts) > 1:
+                title += f" ({k + 1}/{len(parts)})"
+            last = k == len(parts) - 1
+            t = Table(
+                title=None if title is None else Text(title, style="table.title"),
+                caption=Text(DEFINITIONS, style="table.caption") if last else None,
+                caption_justify="left",
+                show_lines=any("\n" in c for cells, _ in self.rows for c in cells),
+            )
+            for i in (0, *columns):
+                t.add_column(
+                    Text(self.headers[i]),
+                    justify="left" if i == 0 else "right",
+                    width=widths[i],
+                    overflow="fold",
+                )
+            final = len(self.headers) - 1
+            for cells, style in self.rows:
+                t.add_row(*(Text(cells[i], style=style if i == final else "") for i in (0, *columns)))
+            out.append(t)
+        return out
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        for k, t in enumerate(self.tables(options.max_width)):
+            if k:
+                yield Text("")
+            yield t
 
 
 # --------------------------------------------------------------------------- curves
@@ -107,6 +201,25 @@ def render_regression_table(table: RegressionTable, title: str | None = "Regress
 
 def _safe_name(domain: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", domain) or "domain"
+
+
+def _mark_stages(ax: Axes, stages: list[StageSpan], shade: str | None, fontsize: int = 8) -> None:
+    """A dashed line and the stage's label at each stage's start; `shade`'s own stages shaded."""
+    label_at = ax.get_xaxis_transform()  # x in data units, y in axes fraction
+    for stage in stages:
+        if stage.start_global_step is None:
+            continue
+        ax.axvline(stage.start_global_step, color="0.4", linestyle="--", linewidth=0.8)
+        ax.text(
+            stage.start_global_step,
+            1.01,
+            f" {stage.label}",
+            transform=label_at,
+            fontsize=fontsize,
+            va="bottom",
+        )
+        if shade is not None and stage.domain == shade and stage.end_global_step is not None:
+            ax.axvspan(stage.start_global_step, stage.end_global_step, color="tab:blue", alpha=0.07)
 
 
 def _draw_curves(ax: Axes, history: RunHistory, domains: list[str], shade: str | None) -> None:
@@ -133,14 +246,7 @@ def _draw_curves(ax: Axes, history: RunHistory, domains: list[str], shade: str |
                 alpha=0.15,
                 linewidth=0,
             )
-    label_at = ax.get_xaxis_transform()  # x in data units, y in axes fraction
-    for stage in history.stages:
-        if stage.start_global_step is None:
-            continue
-        ax.axvline(stage.start_global_step, color="0.4", linestyle="--", linewidth=0.8)
-        ax.text(stage.start_global_step, 1.01, f" {stage.label}", transform=label_at, fontsize=8, va="bottom")
-        if shade is not None and stage.domain == shade and stage.end_global_step is not None:
-            ax.axvspan(stage.start_global_step, stage.end_global_step, color="tab:blue", alpha=0.07)
+    _mark_stages(ax, history.stages, shade)
     scores = [e.score for e in history.evals if e.domain in domains]
     if scores and 0.0 <= min(scores) and max(scores) <= 1.0:
         ax.set_ylim(-3, 103)
@@ -182,6 +288,122 @@ def plot_curves(history: RunHistory, out_dir: str | Path) -> dict[str, Path]:
     return paths
 
 
+# --------------------------------------------------------------------------- training curves
+
+TRAINING_METRICS = (
+    ("reward_mean", "reward (mean)"),
+    ("kl", "KL to the reference"),
+    ("loss_distill", "distillation loss"),
+    ("lambda", "lambda (distillation weight)"),
+    ("completion_tokens_mean", "completion length (tokens)"),
+    ("clip_fraction", "clip fraction"),
+    ("entropy", "entropy"),
+)
+"""(step metric, panel title) of the training curves, in panel order; a panel is drawn only when
+the steps drawn recorded that metric (a finite number at one step at least)."""
+
+
+def _series(steps: list[StepPoint], key: str) -> tuple[list[int], list[float]]:
+    """(global steps, values) of `key` where a step recorded it as a finite number."""
+    xs, ys = [], []
+    for s in steps:
+        value = s.metrics.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+            xs.append(s.global_step)
+            ys.append(float(value))
+    return xs, ys
+
+
+def training_metrics(steps: list[StepPoint]) -> list[str]:
+    """The `TRAINING_METRICS` these steps recorded, in panel order."""
+    return [key for key, _ in TRAINING_METRICS if _series(steps, key)[0]]
+
+
+def _stage_runs(history: RunHistory, steps: list[StepPoint]) -> Iterator[tuple[StageSpan, list[StepPoint]]]:
+    for stage in history.stages:
+        mine = [s for s in steps if s.stage_index == stage.index]
+        if mine:
+            yield stage, mine
+
+
+def _save_training_figure(
+    history: RunHistory, steps: list[StepPoint], stages: list[StageSpan], title: str, path: Path
+) -> Path | None:
+    """One panel per recorded metric (two columns), one line per stage; None when there is none."""
+    keys = training_metrics(steps)
+    if not keys:
+        return None
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    cols = 1 if len(keys) == 1 else 2
+    rows = math.ceil(len(keys) / cols)
+    fig = Figure(figsize=(5.0 * cols, 0.6 + 2.7 * rows), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(rows, cols, squeeze=False).flatten()
+    titles = dict(TRAINING_METRICS)
+    colors = {s.index: f"C{i % 10}" for i, s in enumerate(history.stages)}
+    starts = [s.start_global_step for s in stages if s.start_global_step is not None]
+    low = min([*starts, *(s.global_step for s in steps)])
+    high = max(s.global_step for s in steps)
+    for ax, key in zip(axes, keys, strict=False):
+        for stage, mine in _stage_runs(history, steps):
+            xs, ys = _series(mine, key)
+            if xs:
+                marker = "o" if len(xs) <= 40 else None
+                ax.plot(
+                    xs,
+                    ys,
+                    color=colors[stage.index],
+                    linewidth=1.2,
+                    marker=marker,
+                    markersize=2.5,
+                    label=stage.label,
+                )
+        if len(stages) > 1:
+            _mark_stages(ax, stages, None, fontsize=7)
+        ax.set_title(titles[key], fontsize=9, loc="left", pad=12 if len(stages) > 1 else 4)
+        ax.set_xlim(low - 0.5, high + 0.5)  # every panel on the same axis, whatever it recorded
+        ax.set_xlabel("global step", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+    for ax in axes[len(keys) :]:
+        ax.set_visible(False)
+    fig.suptitle(title, fontsize=11)
+    fig.savefig(path, dpi=110, format="png")
+    return path
+
+
+def plot_training_curves(history: RunHistory, out_dir: str | Path) -> dict[str, Path]:
+    """`training.png` (the whole run, stage boundaries marked) and `training_<stage>.png` per
+    stage: a panel per `TRAINING_METRICS` entry the steps recorded, by global step.
+
+    Returns stage label -> path, plus the key "" for the whole run; empty when no step recorded
+    any of those metrics.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    name = history.cascade_name or "run"
+    paths: dict[str, Path] = {}
+    whole = _save_training_figure(
+        history, history.steps, history.stages, f"{name}: training", out / "training.png"
+    )
+    if whole is None:
+        return paths
+    used: set[str] = set()
+    for stage, mine in _stage_runs(history, history.steps):
+        file = f"training_{_safe_name(stage.label)}"
+        if file in used:  # two labels that read the same once made safe
+            file += f"_{stage.index}"
+        used.add(file)
+        title = f"{name}: stage {stage.label} ({stage.domain}) training"
+        saved = _save_training_figure(history, mine, [stage], title, out / f"{file}.png")
+        if saved is not None:
+            paths[stage.label] = saved
+    paths[""] = whole
+    return paths
+
+
 # --------------------------------------------------------------------------- the report
 
 
@@ -192,6 +414,10 @@ class ReportFiles:
     metrics_json: Path
     curves: Path
     domain_curves: dict[str, Path] = field(default_factory=dict)
+    training_curves: Path | None = None
+    """`training.png`: the step metrics of the whole run (None when no step recorded one)."""
+    stage_training_curves: dict[str, Path] = field(default_factory=dict)
+    """Stage label -> `training_<stage>.png`."""
 
 
 def _write_json(path: Path, data: Any) -> Path:
@@ -200,7 +426,8 @@ def _write_json(path: Path, data: Any) -> Path:
 
 
 def write_report(source: Session | RunHistory, run_id: int | None, out_dir: str | Path) -> ReportFiles:
-    """Write the regression table (.md, .json), the eval curves and metrics.json into `out_dir`.
+    """Write the regression table (.md, .json), the eval curves, the training curves and
+    metrics.json into `out_dir`.
 
     `source` is a `RunHistory`, or a Session from which run `run_id`'s history is loaded.
     """
@@ -226,7 +453,9 @@ def write_report(source: Session | RunHistory, run_id: int | None, out_dir: str 
     metrics = _write_json(out / "metrics.json", {**history.to_dict(), "regression_table": table.to_dict()})
     curves = plot_curves(history, out)
     combined = curves.pop("")
-    return ReportFiles(md, regression_json, metrics, combined, curves)
+    training = plot_training_curves(history, out)
+    whole = training.pop("", None)
+    return ReportFiles(md, regression_json, metrics, combined, curves, whole, training)
 
 
 def load_regression_table(report_dir: str | Path) -> RegressionTable:
@@ -255,5 +484,6 @@ def _interval(value: Any) -> Interval | None:
 
 
 def print_regression_table(report_dir: str | Path, console: Console | None = None) -> None:
-    """Print a finished run's table (from its report directory) to the terminal."""
+    """Print a finished run's table (from its report directory) to the terminal, fitted to its
+    width."""
     (console or Console()).print(render_regression_table(load_regression_table(report_dir)))

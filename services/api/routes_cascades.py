@@ -17,7 +17,7 @@ from cascade.config import CascadeConfig, ConfigError, parse_cascade_json, parse
 from cascade.store import control, removal, repo
 from cascade.store.lifecycle import get_row
 from cascade.store.models import Cascade
-from services.api import queries, schemas
+from services.api import queries, run_files, schemas
 from services.api.deps import EngineDep, LimitsDep, WriterDep, unit_of_work
 from services.api.paths import PathRoots, confine
 from services.api.redact import redact
@@ -250,6 +250,27 @@ def reasons(cascade_id: Id, engine: EngineDep, run_id: RunId = None) -> schemas.
     """Reward-reason counts: per stage over training rollouts, per domain at the latest eval."""
     with unit_of_work(engine) as s:
         return queries.reasons(s, cascade_id, run_id)
+
+
+@router.get("/{cascade_id}/completions", response_model=schemas.CompletionsOut, responses=_404)
+def completions(
+    cascade_id: Id,
+    request: Request,
+    engine: EngineDep,
+    run_id: RunId = None,
+    last: Annotated[int, Query(ge=1, le=200, description="how many of the latest")] = 20,
+) -> schemas.CompletionsOut:
+    """The latest completions the run logged (its run directory's `completions.jsonl`, oldest
+    first): step, stage, domain, prompt and completion text, reward, verdict reason, finish
+    reason, length. Read only from a run directory inside the API's runs root (`paths.runs_root`);
+    none yet, or a directory elsewhere, is an empty list with a `note` saying why."""
+    with unit_of_work(engine) as s:
+        run = queries.pick_run(s, cascade_id, run_id)
+        if run is None:
+            return schemas.CompletionsOut(run_id=None, note="no run yet")
+        found, output_dir = run.id, run.output_dir
+    records, note = run_files.latest_completions(output_dir, request.app.state.paths, last)
+    return schemas.CompletionsOut(run_id=found, completions=records, note=note)
 
 
 @router.get("/{cascade_id}/events", response_model=list[schemas.EventOut], responses=_404)

@@ -212,6 +212,34 @@ class ReasonsOut(BaseModel):
     """Domain -> reason -> count at the domain's latest eval."""
 
 
+class CompletionOut(BaseModel):
+    """One completion a training step logged (`completions.jsonl`): each step keeps the best and
+    the worst completion of its first groups, their text cut to a few thousand characters."""
+
+    global_step: int | None = None
+    stage: str | None = None
+    domain: str | None = None
+    problem: str | None = None
+    """The problem's id in its domain's data."""
+    prompt: str = ""
+    completion: str = ""
+    reward: float | None = None
+    reason: str | None = None
+    """The verifier's verdict reason (`ok`, `wrong_answer`, ...)."""
+    detail: str | None = None
+    finish: str | None = None
+    """Why generation stopped (`stop`, `length`, ...)."""
+    tokens: int | None = None
+
+
+class CompletionsOut(BaseModel):
+    run_id: int | None
+    completions: list[CompletionOut] = Field(default_factory=list)
+    """Oldest first."""
+    note: str | None = None
+    """Why there are none to show: no log yet, or the run's directory is not one the API reads."""
+
+
 class EventOut(BaseModel):
     id: int
     stage_id: int | None

@@ -9,6 +9,7 @@ drives a real embedded runner instead.
 
 from __future__ import annotations
 
+import json
 import threading
 import uuid
 from collections.abc import Iterator
@@ -19,11 +20,12 @@ import pytest
 import yaml
 from api_procs import READ_TOKEN, WRITE_TOKEN, ApiServer, fresh_schema, running_api, tiny_config
 from api_seed import seed
-from sqlalchemy import Engine
+from sqlalchemy import Engine, select
 
 from cascade.config import ConfigError, parse_cascade_config, with_resolved_paths
 from cascade.store import leases, migrate, repo
 from cascade.store.db import make_engine, session_scope
+from cascade.store.models import Run
 
 pytestmark = pytest.mark.postgres
 COMMANDS = ("start", "pause", "resume", "advance")
@@ -84,7 +86,7 @@ def test_migrated_from_empty_and_serving(api: ApiServer, engine: Engine) -> None
     assert status == 200
     paths = set(doc["paths"])
     subs = ("", "/stages", "/metrics", "/evals", "/checkpoints", "/regression", "/reasons", "/events")
-    subs += ("/config",)
+    subs += ("/config", "/completions")
     for sub in subs:
         assert f"/api/cascades/{{cascade_id}}{sub}" in paths
     assert set(doc["paths"]["/api/cascades/{cascade_id}"]) == {"get", "delete"}
@@ -395,6 +397,56 @@ def test_reads_of_a_run(api: ApiServer, db_url: str) -> None:
     assert len(events) == 3 and events == sorted(events, key=lambda e: e["id"])
     _, later = api.call("GET", f"{base}/events?after_id={events[-1]['id']}")
     assert later == []
+
+
+def _completion(g: int, **extra: Any) -> dict[str, Any]:
+    return {
+        "global_step": g, "stage": "math", "domain": "math", "problem": f"p{g}", "prompt": f"What is {g}+1?",
+        "completion": f"<b>{g + 1}</b>", "reward": 1.0, "reason": "ok", "detail": "", "finish": "stop",
+        "tokens": 7, **extra,
+    }  # fmt: skip
+
+
+def test_latest_completions(api: ApiServer, db_url: str, engine: Engine) -> None:
+    """`completions.jsonl` in the run's directory (relative `runs/logged`, from the API's base
+    dir): its tail, oldest first; a cut last line and a NaN reward do not break it; no file, a
+    directory outside the runs root or a log linked out of it is an empty list with a note."""
+    cascade_id = seed(db_url, name="logged")
+    base = f"/api/cascades/{cascade_id}/completions"
+    status, out = api.call("GET", base)
+    assert status == 200 and out["completions"] == [] and "no completions logged yet" in out["note"]
+    run_dir = api.base_dir / "runs" / "logged"
+    run_dir.mkdir(parents=True)
+    lines = [json.dumps(_completion(g)) for g in range(1, 26)]
+    lines[-2] = json.dumps(_completion(24, reward=float("nan"), reason="wrong_answer", problem=24))
+    (run_dir / "completions.jsonl").write_text("\n".join(lines) + '\n{"global_step": 26, "prom')
+    status, out = api.call("GET", base)
+    assert status == 200 and out["note"] is None and out["run_id"] is not None
+    assert [c["global_step"] for c in out["completions"]] == list(range(6, 26))  # the last 20
+    assert out["completions"][-1] == {**_completion(25), "problem": "p25"}
+    assert out["completions"][-2]["reward"] is None and out["completions"][-2]["problem"] == "24"
+    _, out = api.call("GET", f"{base}?last=3&run_id={out['run_id']}")
+    assert [c["global_step"] for c in out["completions"]] == [23, 24, 25]
+    for bad in ("last=0", "last=201", "last=x"):
+        assert api.call("GET", f"{base}?{bad}")[0] == 422, bad
+    assert api.call("GET", f"/api/cascades/{cascade_id}/completions?run_id=999999")[0] == 404
+    assert api.call("GET", "/api/cascades/999999/completions")[0] == 404
+
+    # A log that is a symlink out of the runs root is not followed.
+    (run_dir / "completions.jsonl").unlink()
+    (run_dir / "completions.jsonl").symlink_to("/etc/hostname")
+    status, out = api.call("GET", base)
+    assert status == 200 and out["completions"] == [] and "outside the API's runs root" in out["note"]
+    # A run directory outside the runs root (a CLI run elsewhere) is not read at all.
+    with session_scope(engine) as s:
+        run = s.scalars(select(Run).where(Run.cascade_id == cascade_id)).one()
+        run.output_dir = "/etc"
+    status, out = api.call("GET", base)
+    assert status == 200 and out["completions"] == [] and "outside the API's runs root" in out["note"]
+    # A cascade with no run yet.
+    other = create(api)
+    status, out = api.call("GET", f"/api/cascades/{other['id']}/completions")
+    assert (status, out) == (200, {"run_id": None, "completions": [], "note": "no run yet"})
 
 
 def test_not_found(api: ApiServer) -> None:

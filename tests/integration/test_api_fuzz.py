@@ -67,5 +67,5 @@ def test_api_conforms_to_its_openapi(seeded_api: tuple[str, int, int]) -> None:
             exercise()
         except Exception as err:  # noqa: BLE001 - collect every operation's failure, then report
             failures[operation.label] = str(err)[:2000]
-    assert len(labels) == 25, labels  # 22 paths; GET and POST on /api/cascades, GET and DELETE on one
+    assert len(labels) == 26, labels  # 23 paths; GET and POST on /api/cascades, GET and DELETE on one
     assert not failures, "\n\n".join(f"{label}:\n{msg}" for label, msg in failures.items())

@@ -3,15 +3,17 @@
 The page is loaded twice with `--dump-dom` (scripts run; virtual time lets its 2 s polling
 fire a few times) and once with `--screenshot`, kept as `test-artifacts/dashboard.png`. Checked:
 the page reached its ready state with no error shown; the stage timeline, one eval curve per
-domain, the regression table and the reward-reason bars are drawn from the run's rows; the
-cascade's stored config is in its collapsible section; the page polls; a second load shows steps
-the run recorded in between (live data); and once the runner's lease expires the run shows as
-stalled with its last heartbeat. `/docs` (Swagger UI) renders its operations with every host
+domain, the training curves, the regression table and the reward-reason bars are drawn from the
+run's rows; the run's latest completions are shown, their text escaped; the cascade's stored
+config is in its collapsible section; the page polls; a second load shows steps the run recorded
+in between (live data); and once the runner's lease expires the run shows as stalled with its
+last heartbeat. `/docs` (Swagger UI) renders its operations with every host
 but the API's unresolvable (its assets are served locally).
 """
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import struct
@@ -79,9 +81,38 @@ def _beat(db_url: str, cascade_id: int) -> None:
         engine.dispose()
 
 
+def _log_completions(api: ApiServer) -> None:
+    """The seeded run's `completions.jsonl` (its run directory is `runs/demo` from the API's base
+    dir): two per step for the last three steps, one completion trying to inject markup."""
+    run_dir = api.base_dir / "runs" / "demo"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    records = [
+        {
+            "global_step": g,
+            "stage": "if",
+            "domain": "if",
+            "problem": f"if-{g}",
+            "prompt": f"Write {g} words.\nNo commas.",
+            "completion": COMPLETION if best else "one, two",
+            "reward": 1.0 if best else 0.0,
+            "reason": "ok" if best else "rule_failed",
+            "detail": "",
+            "finish": "stop",
+            "tokens": 12,
+        }  # fmt: skip
+        for g in (158, 159, 160)
+        for best in (True, False)
+    ]
+    (run_dir / "completions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+COMPLETION = 'one two <script>alert("x")</script> <b>three</b>'
+
+
 def test_dashboard_renders_a_run(chromium: str, served: tuple[ApiServer, str, int], tmp_path: Path) -> None:
     api, db_url, cascade_id = served
     _beat(db_url, cascade_id)
+    _log_completions(api)
     page = f"{api.url}/?cascade={cascade_id}"
     polls_before = api.log().count(f"GET /api/cascades/{cascade_id}/evals ")
     dom = browse(chromium, page, tmp_path / "p1", "--dump-dom")
@@ -107,6 +138,19 @@ def test_dashboard_renders_a_run(chromium: str, served: tuple[ApiServer, str, in
         assert "<polyline" in curve.group(0)
         assert curve.group(0).count("<circle") == 7 + 6 + 4  # start + 6 per finished stage + 4
         assert 'class="ci-band"' in curve.group(0)  # the evals' confidence band
+    # The training curves: one chart per step metric recorded (the seed records the reward), a
+    # line per stage, by global step.
+    assert re.findall(r'<svg[^>]*class="train-curve" data-metric="(\w+)"', dom) == ["reward_mean"]
+    reward = re.search(r'<svg[^>]*class="train-curve" data-metric="reward_mean".*?</svg>', dom)
+    assert reward is not None
+    assert re.findall(r'<polyline[^>]*data-stage="(\w+)"', reward.group(0)) == ["math", "code", "if"]
+    # The latest completions, newest first, their text escaped (never parsed as markup).
+    items = re.findall(r'<article class="completion" data-step="(\d+)" data-domain="if">', dom)
+    assert items == ["160", "160", "159", "159", "158", "158"]
+    assert "<script>alert" not in dom and "<b>three" not in dom
+    assert 'one two &lt;script&gt;alert("x")&lt;/script&gt; &lt;b&gt;three&lt;/b&gt;</pre>' in dom
+    assert '<pre class="prompt">Write 160 words.\nNo commas.</pre>' in dom
+    assert "reward 1.00</span> · ok" in dom and "reward 0.00</span> · rule_failed" in dom
     # The regression table, from the same numbers as the API's.
     _, table = api.call("GET", f"/api/cascades/{cascade_id}/regression")
     for row in table["rows"]:
@@ -317,6 +361,12 @@ def test_an_agent_stage_shows_its_tool_use(
     assert cells["turns/turns_per_episode"] == ["agent", "turns/turns_per_episode", "2.50", "2.00"]
     assert cells["turns/tool_error_rate"][2:] == ["20.0%", "15.0%"]
     assert cells["model_tokens_mean"][2:] == ["42.00", "41.50"]
+
+    # Its training curves (reward and completion length, a line per stage) and no completions log.
+    assert re.findall(r'<svg[^>]*class="train-curve" data-metric="(\w+)"', dom) == [
+        "reward_mean", "completion_tokens_mean",
+    ]  # fmt: skip
+    assert re.search(r'<p class="muted" id="completions-empty">no completions logged yet \(', dom), dom
 
     demo = browse(chromium, f"{api.url}/?cascade={demo_id}", tmp_path / "demo", "--dump-dom")
     assert 'data-state="ready"' in demo

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
 import struct
+from io import StringIO
 from pathlib import Path
 
 import pytest
@@ -17,10 +19,13 @@ from cascade.runner.report import (
     render_markdown,
     render_regression_table,
     table_cells,
+    training_metrics,
     write_report,
 )
 from cascade.store.history import (
     EvalPoint,
+    RegressionRow,
+    RegressionTable,
     RunHistory,
     StageSpan,
     StepPoint,
@@ -154,7 +159,11 @@ def _history_with_intervals() -> RunHistory:
         metrics = {
             "greedy": {"value": ok / n, "low": low, "high": high, "n": n, "method": "wilson"},
             "pass@2": {
-                "value": p2, "low": p2 - 0.05, "high": min(1.0, p2 + 0.05), "n": n, "method": "bootstrap",
+                "value": p2,
+                "low": p2 - 0.05,
+                "high": min(1.0, p2 + 0.05),
+                "n": n,
+                "method": "bootstrap",
             },
         }
         return EvalPoint(stage, step, g, domain, ok / n, n, {"ok": ok}, metrics)
@@ -214,3 +223,119 @@ def test_old_evals_without_intervals_still_tabulate() -> None:
     assert table_cells(table)[0][-1] == "-25.8 pp"
     assert format_drop(-0.1, True) == "-10.0 pp, outside noise" and format_drop(0.0, True) == "0.0 pp"
     assert format_score(0.5, (0.4, 0.6)) == "50.0% [40.0-60.0]"
+
+
+# --------------------------------------------------------------------------- the table at 80 columns
+
+WIDE_DOMAINS = ["math", "code-gen", "instr-foll", "sorting", "[agent]"]
+
+
+def _five_by_five() -> RegressionTable:
+    """5 domains x 5 stages, every score with an interval like [38.7-52.1]; the last domain's
+    name and a stage label look like rich markup."""
+    stages = ["math-rl", "code-rl", "if-rl", "sort-rl", "[agent]"]
+    rows = []
+    for k, domain in enumerate(WIDE_DOMAINS):
+        after = [0.45 + 0.01 * (i + k) for i in range(5)]
+        rows.append(
+            RegressionRow(
+                domain=domain,
+                start=0.453,
+                after=after,
+                best=0.6,
+                best_global_step=30,
+                final=after[-1],
+                start_ci=(0.387, 0.521),
+                after_ci=[(0.387 + 0.01 * i, 0.521 + 0.01 * k) for i in range(5)],
+                best_ci=(0.55, 0.65),
+                final_ci=(0.387 + 0.04, 0.521 + 0.01 * k),
+            )
+        )
+    return RegressionTable(stage_labels=stages, rows=rows)
+
+
+@pytest.mark.parametrize("width", [80, 100, 120])
+def test_regression_table_fits_the_terminal(width: int) -> None:
+    table = _five_by_five()
+    out = StringIO()
+    Console(width=width, file=out).print(render_regression_table(table))
+    text = out.getvalue()
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= width, text
+    cells = table_cells(table)
+    for domain, row in zip(WIDE_DOMAINS, cells, strict=True):
+        assert re.search(rf"│ {re.escape(domain)} +│", text), (domain, text)  # whole, in its own cell
+        for cell in row[1:-1]:
+            score, interval = cell.split(" [")
+            assert score in text and f"[{interval}" in text, (cell, text)
+    for label in table.stage_labels:  # a header may wrap at its space, never lose a character
+        assert label in text, label
+    assert "[low-high]" in text  # the legend's brackets are not taken for markup
+    assert "outside noise" in text
+
+
+def test_a_wide_console_keeps_one_table() -> None:
+    out = StringIO()
+    Console(width=200, file=out).print(render_regression_table(_five_by_five()))
+    text = out.getvalue()
+    assert text.count("Regression table") == 1 and "(1/2)" not in text
+    assert "after sort-rl" in text and "after [agent]" in text
+    narrow = StringIO()
+    Console(width=80, file=narrow).print(render_regression_table(_five_by_five()))
+    assert "Regression table (1/2)" in narrow.getvalue() and "Regression table (2/2)" in narrow.getvalue()
+    assert narrow.getvalue().count("start: eval before the first stage") == 1  # the legend once, at the end
+
+
+# --------------------------------------------------------------------------- training curves
+
+
+def _trained_history() -> RunHistory:
+    """Two stages: the first records reward, KL, clip fraction, length and entropy; the second
+    (distillation) adds lambda and the distillation loss. No stage records `kl` as NaN only."""
+    first = {
+        "reward_mean": 0.1,
+        "kl": 0.001,
+        "clip_fraction": 0.02,
+        "completion_tokens_mean": 100,
+        "entropy": 1.5,
+    }
+    steps = [
+        StepPoint(
+            0, s, s, {**{k: v * s for k, v in first.items()}, "reasons": {"ok": 3}, "skipped_update": True}
+        )
+        for s in range(1, 11)
+    ]
+    second = {"reward_mean": 0.5, "lambda": 0.5, "kl": float("nan")}
+    steps += [StepPoint(1, s, 10 + s, {**second, "loss_distill": 0.3 / s}) for s in range(1, 6)]
+    stages = [StageSpan(0, "math-rl", "math", "completed"), StageSpan(1, "sort/rl", "sort", "completed")]
+    evals = [EvalPoint(0, 0, 0, "math", 0.4, 16), EvalPoint(1, 5, 15, "math", 0.5, 16)]
+    return RunHistory(stages=stages, evals=evals, steps=steps, run_id=9, cascade_name="trained")
+
+
+def test_training_curves_are_in_the_report(tmp_path: Path) -> None:
+    history = _trained_history()
+    assert training_metrics(history.steps) == [
+        "reward_mean", "kl", "loss_distill", "lambda", "completion_tokens_mean", "clip_fraction", "entropy",
+    ]  # fmt: skip
+    assert training_metrics([s for s in history.steps if s.stage_index == 1]) == [
+        "reward_mean",
+        "loss_distill",
+        "lambda",
+    ]  # fmt: skip  (its KL is NaN only: no panel)
+    files = write_report(history, 9, tmp_path)
+    assert files.training_curves == tmp_path / "training.png"
+    assert files.stage_training_curves == {
+        "math-rl": tmp_path / "training_math-rl.png",
+        "sort/rl": tmp_path / "training_sort_rl.png",
+    }
+    for png in [files.training_curves, *files.stage_training_curves.values()]:
+        width, height = _png_size(png)
+        assert width > 300 and height > 200
+    # seven panels in two columns are taller than the second stage's three
+    assert _png_size(files.training_curves)[1] > _png_size(files.stage_training_curves["sort/rl"])[1]
+
+
+def test_no_training_metric_draws_no_training_curve(tmp_path: Path) -> None:
+    files = write_report(_history(), 7, tmp_path)  # its steps record `loss` and a NaN `kl` only
+    assert files.training_curves is None and files.stage_training_curves == {}
+    assert not list(tmp_path.glob("training*.png"))

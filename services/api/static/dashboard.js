@@ -3,6 +3,7 @@
 "use strict";
 
 const POLL_MS = 2000;
+const COMPLETIONS_SHOWN = 6;  // the latest completions in their panel
 const SVG_NS = "http://www.w3.org/2000/svg";
 const PALETTE = ["#2f6fed", "#e4572e", "#12a150", "#f2a600", "#7a2e8e", "#17becf", "#8c564b", "#e377c2"];
 const OK_REASONS = new Set(["ok", "correct", "pass", "passed", "all_pass"]);
@@ -97,7 +98,55 @@ function renderTimeline(detail, spans) {
   root.append(chart);
 }
 
-// ------------------------------------------------------------------ eval curves
+// ------------------------------------------------------------------ curves
+
+// One chart over the global-step axis (the eval curves and the training curves both): a line per
+// series (with its confidence band when it has one), each stage's start dashed and labelled, and
+// the stages of `shade` (a domain) shaded. `y` maps a value into [0, 1] of the plot's height.
+const CHART = { W: 380, H: 190, L: 42, R: 10, T: 18, B: 22 };
+
+function lineChart({ attrs, title, spans, maxX, y, ticks, series, shade = null, lastText = null, empty }) {
+  const { W, H, L, R, T, B } = CHART;
+  const x = (g) => L + ((W - L - R) * g) / maxX;
+  const py = (v) => T + (H - T - B) * (1 - y(v));
+  const chart = svg("svg", { viewBox: `0 0 ${W} ${H}`, width: "100%", role: "img", ...attrs });
+  chart.append(svg("text", { x: L, y: 12, "font-weight": "600" }, title));
+  for (const [v, text] of ticks) {
+    chart.append(svg("line", { x1: L, x2: W - R, y1: py(v), y2: py(v), stroke: "#eceef2" }));
+    chart.append(svg("text", { x: 4, y: py(v) + 4 }, text));
+  }
+  for (const s of spans) {
+    if (shade !== null && s.stage.domain === shade) chart.append(svg("rect", {
+      x: x(s.start), y: T, width: Math.max(0, x(s.end) - x(s.start)), height: H - T - B, fill: "#eef3fe",
+    }));
+    chart.append(svg("line", {
+      x1: x(s.start), x2: x(s.start), y1: T, y2: H - B, stroke: "#9aa3b5", "stroke-dasharray": "3 3",
+    }));
+    chart.append(svg("text", { x: x(s.start) + 3, y: H - 6 }, s.stage.name));
+  }
+  const drawn = series.filter((line) => line.points.length);
+  for (const line of drawn) {
+    const pts = line.points;
+    const band = pts.filter((p) => p.low !== null && p.low !== undefined && p.high !== null && p.high !== undefined);
+    if (band.length) {  // the confidence interval of every point, as a band around the line
+      const upper = band.map((p) => `${x(p.x).toFixed(1)},${py(p.high).toFixed(1)}`);
+      const lower = band.slice().reverse().map((p) => `${x(p.x).toFixed(1)},${py(p.low).toFixed(1)}`);
+      chart.append(svg("polygon", {
+        class: "ci-band", fill: line.color, "fill-opacity": 0.15, stroke: "none", points: [...upper, ...lower].join(" "),
+      }));
+    }
+    chart.append(svg("polyline", {
+      fill: "none", stroke: line.color, "stroke-width": line.width || 2, ...(line.attrs || {}),
+      points: pts.map((p) => `${x(p.x).toFixed(1)},${py(p.y).toFixed(1)}`).join(" "),
+    }));
+    if (line.dots !== false) {
+      for (const p of pts) chart.append(svg("circle", { cx: x(p.x), cy: py(p.y), r: 2.5, fill: line.color }));
+    }
+  }
+  if (drawn.length && lastText) chart.append(svg("text", { x: W - R, y: 12, "text-anchor": "end" }, lastText));
+  if (!drawn.length) chart.append(svg("text", { x: L + 10, y: H / 2 }, empty));
+  return chart;
+}
 
 function renderCurves(detail, evals, spans) {
   const root = document.getElementById("curves");
@@ -105,52 +154,116 @@ function renderCurves(detail, evals, spans) {
   const domains = [...new Set([
     ...(detail.config.domains || []).map((d) => d.name), ...evals.map((e) => e.domain),
   ])];
-  const W = 380, H = 190, L = 36, R = 10, T = 18, B = 22;
   const maxX = Math.max(1, ...spans.map((s) => s.planned), ...evals.map((e) => e.global_step));
-  const x = (g) => L + ((W - L - R) * g) / maxX;
-  const y = (v) => T + (H - T - B) * (1 - v);
+  const ticks = [0, 0.5, 1].map((v) => [v, `${v * 100}%`]);
   domains.forEach((domain, i) => {
     const pts = evals.filter((e) => e.domain === domain).sort((a, b) => a.global_step - b.global_step);
-    const chart = svg("svg", {
-      viewBox: `0 0 ${W} ${H}`, width: "100%", class: "curve", "data-domain": domain, role: "img",
-    });
-    chart.append(svg("text", { x: L, y: 12, "font-weight": "600" }, domain));
-    for (const v of [0, 0.5, 1]) {
-      chart.append(svg("line", { x1: L, x2: W - R, y1: y(v), y2: y(v), stroke: "#eceef2" }));
-      chart.append(svg("text", { x: 4, y: y(v) + 4 }, `${v * 100}%`));
-    }
-    for (const s of spans) {
-      const own = s.stage.domain === domain;
-      if (own) chart.append(svg("rect", {
-        x: x(s.start), y: T, width: Math.max(0, x(s.end) - x(s.start)), height: H - T - B, fill: "#eef3fe",
-      }));
-      chart.append(svg("line", {
-        x1: x(s.start), x2: x(s.start), y1: T, y2: H - B, stroke: "#9aa3b5", "stroke-dasharray": "3 3",
-      }));
-      chart.append(svg("text", { x: x(s.start) + 3, y: H - 6 }, s.stage.name));
-    }
-    if (pts.length) {
-      const color = colorFor(domain, i);
-      const band = pts.filter((p) => p.low !== null && p.low !== undefined && p.high !== null && p.high !== undefined);
-      if (band.length) {  // the confidence interval of every eval, as a band around the curve
-        const upper = band.map((p) => `${x(p.global_step).toFixed(1)},${y(p.high).toFixed(1)}`);
-        const lower = band.slice().reverse().map((p) => `${x(p.global_step).toFixed(1)},${y(p.low).toFixed(1)}`);
-        chart.append(svg("polygon", {
-          class: "ci-band", fill: color, "fill-opacity": 0.15, stroke: "none", points: [...upper, ...lower].join(" "),
-        }));
-      }
-      chart.append(svg("polyline", {
-        fill: "none", stroke: color, "stroke-width": 2,
-        points: pts.map((p) => `${x(p.global_step).toFixed(1)},${y(p.score).toFixed(1)}`).join(" "),
-      }));
-      for (const p of pts) chart.append(svg("circle", { cx: x(p.global_step), cy: y(p.score), r: 2.5, fill: color }));
-      const last = pts[pts.length - 1];
-      chart.append(svg("text", { x: W - R - 110, y: 12 }, `last ${pctCI(last.score, last.low === null || last.low === undefined ? null : [last.low, last.high])}`));
-    } else {
-      chart.append(svg("text", { x: L + 10, y: H / 2 }, "no evals yet"));
-    }
-    root.append(chart);
+    const last = pts.length ? pts[pts.length - 1] : null;
+    root.append(lineChart({
+      attrs: { class: "curve", "data-domain": domain }, title: domain, spans, maxX, y: (v) => v, ticks,
+      shade: domain, empty: "no evals yet",
+      series: [{
+        color: colorFor(domain, i),
+        points: pts.map((p) => ({ x: p.global_step, y: p.score, low: p.low, high: p.high })),
+      }],
+      lastText: last && `last ${pctCI(last.score, last.low === null || last.low === undefined ? null : [last.low, last.high])}`,
+    }));
   });
+}
+
+// The training curves: one chart per step metric the run recorded (a line per stage), by global step.
+const TRAIN_METRICS = [
+  ["reward_mean", "reward"], ["kl", "KL to the reference"], ["loss_distill", "distillation loss"],
+  ["lambda", "lambda (distillation weight)"], ["completion_tokens_mean", "completion length (tokens)"],
+  ["clip_fraction", "clip fraction"], ["entropy", "entropy"],
+];
+const TRAIN_POINTS = 300;  // per stage and chart: longer stages are drawn as means of consecutive steps
+
+function thinned(points) {
+  if (points.length <= TRAIN_POINTS) return points;
+  const size = Math.ceil(points.length / TRAIN_POINTS);
+  const out = [];
+  for (let i = 0; i < points.length; i += size) {
+    const bucket = points.slice(i, i + size);
+    const mean = (f) => bucket.reduce((a, p) => a + f(p), 0) / bucket.length;
+    out.push({ x: mean((p) => p.x), y: mean((p) => p.y) });
+  }
+  return out;
+}
+
+function fmtValue(v) {
+  const a = Math.abs(v);
+  if (a !== 0 && (a < 0.01 || a >= 100000)) return v.toExponential(1);
+  return a >= 100 ? v.toFixed(0) : a >= 10 ? v.toFixed(1) : v.toFixed(a >= 1 ? 2 : 3);
+}
+
+function renderTrainingCurves(detail, steps, spans) {
+  const root = document.getElementById("train-curves");
+  root.replaceChildren();
+  const maxX = Math.max(1, ...spans.map((s) => s.planned), ...steps.map((s) => s.global_step));
+  let any = false;
+  for (const [key, title] of TRAIN_METRICS) {
+    const series = [];
+    const values = [];
+    detail.stages.forEach((st, i) => {
+      const points = steps
+        .filter((s) => s.stage_index === st.index && typeof s.metrics[key] === "number" && Number.isFinite(s.metrics[key]))
+        .map((s) => ({ x: s.global_step, y: s.metrics[key] }));
+      if (!points.length) return;
+      values.push(...points.map((p) => p.y));
+      series.push({
+        color: PALETTE[i % PALETTE.length], points: thinned(points), width: 1.5, dots: points.length <= 30,
+        attrs: { "data-stage": st.name },
+      });
+    });
+    if (!series.length) continue;
+    any = true;
+    let lo = Math.min(...values), hi = Math.max(...values);
+    if (hi - lo < 1e-9 * Math.max(1, Math.abs(hi))) { lo -= Math.abs(lo) * 0.1 || 0.5; hi += Math.abs(hi) * 0.1 || 0.5; }
+    const y = (v) => (v - lo) / (hi - lo);
+    const last = values[values.length - 1];  // the latest stage's latest step
+    root.append(lineChart({
+      attrs: { class: "train-curve", "data-metric": key }, title, spans, maxX, y, series,
+      ticks: [lo, (lo + hi) / 2, hi].map((v) => [v, fmtValue(v)]),
+      lastText: `last ${fmtValue(last)}`, empty: "",
+    }));
+  }
+  if (!any) root.append(el("p", { class: "muted" }, "no training steps recorded yet"));
+}
+
+// ------------------------------------------------------------------ latest completions
+
+let completionsShown = null;  // what the panel holds: redrawn only when it changes (keeps its scroll)
+
+function renderCompletions(out) {
+  const key = JSON.stringify(out);
+  if (key === completionsShown) return;
+  completionsShown = key;
+  const root = document.getElementById("completions");
+  root.replaceChildren();
+  const list = [...(out.completions || [])].reverse();  // newest first
+  if (!list.length) {
+    root.append(el("p", { class: "muted", id: "completions-empty" }, out.note || "no completions logged yet"));
+    return;
+  }
+  for (const c of list) {
+    const item = el("article", { class: "completion", "data-step": String(c.global_step), "data-domain": c.domain || "" });
+    const head = el("div", { class: "completion-head" });
+    const ok = OK_REASONS.has(c.reason);
+    head.append(
+      el("b", {}, `step ${c.global_step ?? "–"}`),
+      ` · ${c.stage ? `stage ${c.stage} · ` : ""}${c.domain || "–"} · `,
+      el("span", { class: ok ? "good" : "bad" }, `reward ${c.reward === null || c.reward === undefined ? "–" : num(c.reward)}`),
+      ` · ${c.reason || "–"}`,
+      el("span", { class: "muted" },
+        ` · ${c.finish || "–"} · ${c.tokens ?? "–"} tokens${c.problem ? ` · problem ${c.problem}` : ""}`),
+    );
+    item.append(head);
+    if (c.detail) item.append(el("div", { class: "muted completion-detail" }, c.detail));
+    item.append(el("div", { class: "muted" }, "prompt"), el("pre", { class: "prompt" }, c.prompt || ""));
+    item.append(el("div", { class: "muted" }, "completion"), el("pre", { class: "completion-text" }, c.completion || ""));
+    root.append(item);
+  }
 }
 
 // ------------------------------------------------------------------ tables
@@ -600,13 +713,15 @@ async function refresh() {
       return;
     }
     const base = `/api/cascades/${selected}`;
-    const [detail, evals, table, reasons, events, steps] = await Promise.all([
+    const [detail, evals, table, reasons, events, steps, completions] = await Promise.all([
       api(base), api(`${base}/evals`), api(`${base}/regression`), api(`${base}/reasons`), api(`${base}/events`),
-      loadSteps(base, selected),
+      loadSteps(base, selected), api(`${base}/completions?last=${COMPLETIONS_SHOWN}`),
     ]);
     const spans = stageSpans(detail, evals.evals);
     renderTimeline(detail, spans);
     renderCurves(detail, evals.evals, spans);
+    renderTrainingCurves(detail, steps, spans);
+    renderCompletions(completions);
     renderRegression(table);
     renderEvalMetrics(detail, evals.evals);
     renderStepMetrics(detail, steps);
