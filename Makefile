@@ -99,7 +99,8 @@ docker-base: docker
 images: docker
 	bash scripts/build-images.sh
 
-stack-up: images
+stack-up: images services
+	bash scripts/ensure-stack-db.sh
 	$(COMPOSE_CPU) up -d --no-build --wait
 
 stack-down:

@@ -1,13 +1,15 @@
-"""Container health checks that need nothing beyond the image's Python: gRPC or HTTP.
+"""Container health checks that need nothing beyond the image's Python: gRPC, HTTP or a file.
 
 Docker's HEALTHCHECK runs it inside the container (Kubernetes uses its native `grpc` and
 `httpGet` probes instead):
 
     python /opt/cascade/healthcheck.py grpc 127.0.0.1:50052 cascade.v1.RolloutService
     python /opt/cascade/healthcheck.py http http://127.0.0.1:8000/health
+    python /opt/cascade/healthcheck.py file /tmp/rollout-worker.alive --max-age-s 120
 
-Exit status 0 when the service answers SERVING (gRPC health checking, `grpc.health.v1`) or
-HTTP 2xx, 1 otherwise, with one line on stderr saying why.
+Exit status 0 when the service answers SERVING (gRPC health checking, `grpc.health.v1`),
+HTTP 2xx, or (a process with no port, the rollout worker) touched the file within the last
+`--max-age-s` seconds; 1 otherwise, with one line on stderr saying why.
 """
 
 from __future__ import annotations
@@ -47,6 +49,18 @@ def check_http(url: str, timeout_s: float = 3.0) -> str | None:
     return None if 200 <= status < 300 else f"{url}: HTTP {status}"
 
 
+def check_file(path: str, max_age_s: float) -> str | None:
+    """None when `path` was modified within the last `max_age_s` seconds, else what is wrong."""
+    import os
+    import time
+
+    try:
+        age = time.time() - os.stat(path).st_mtime
+    except OSError as err:
+        return f"{path}: {err.strerror}"
+    return None if age <= max_age_s else f"{path}: last touched {age:.0f}s ago (max {max_age_s:g}s)"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="healthcheck", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="kind", required=True)
@@ -55,10 +69,15 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("service", nargs="?", default="", help="service name (default: the whole server)")
     h = sub.add_parser("http", help="HTTP GET, 2xx is healthy")
     h.add_argument("url")
+    f = sub.add_parser("file", help="a file touched recently is healthy")
+    f.add_argument("path")
+    f.add_argument("--max-age-s", type=float, default=120.0)
     p.add_argument("--timeout-s", type=float, default=3.0)
     args = p.parse_args(argv)
     if args.kind == "grpc":
         problem = check_grpc(args.target, args.service, args.timeout_s)
+    elif args.kind == "file":
+        problem = check_file(args.path, args.max_age_s)
     else:
         problem = check_http(args.url, args.timeout_s)
     if problem:

@@ -67,6 +67,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="fault-injection tests only: sleep this long with the first request taken, at --fault-at",
     )
     p.add_argument("--fault-at", choices=["before_generate", "before_ack"], default="before_generate")
+    p.add_argument(
+        "--health-file",
+        type=Path,
+        default=None,
+        help="touched each time the worker reads its requests or finishes one (a container's health "
+        "check: deploy/docker/healthcheck.py file PATH --max-age-s S)",
+    )
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     args = p.parse_args(argv)
     if not args.tokenizer.is_dir():
@@ -117,6 +124,7 @@ class Worker:
         while not self.stopping:
             try:
                 messages = self.redis_outage.call(self.next_messages)
+                self.alive()
             except DependencyDown:
                 raise
             except Exception:  # a refused command: try again shortly
@@ -126,6 +134,7 @@ class Worker:
             for message in messages:
                 try:
                     self.handle(message.id, message.data)
+                    self.alive()
                 except DependencyDown:
                     raise
                 except NoReplicaReady as err:  # replicas restarting or behind: the request waits
@@ -134,6 +143,14 @@ class Worker:
                 except Exception:  # the request stays pending: retried next loop
                     log.exception("request %s failed; retrying", message.id)
                     time.sleep(1.0)
+
+    def alive(self) -> None:
+        """Touch `--health-file`: the worker reached Redis just now (or finished a request)."""
+        if self.args.health_file is not None:
+            try:
+                self.args.health_file.touch()
+            except OSError as err:
+                log.warning("cannot touch the health file %s: %s", self.args.health_file, err)
 
     def next_messages(self) -> list[Any]:
         """Own pending requests first (a failed attempt), then ones a dead worker left, then new."""

@@ -345,14 +345,35 @@ def dockerfiles() -> dict[str, Dockerfile]:
 _VAR = re.compile(r"\$\{([A-Za-z_]\w*)(?:(:?)([-?])([^}]*))?\}")
 
 
-def read_env_file(path: Path) -> dict[str, str]:
+def read_env_file(path: Path, documented: bool = False) -> dict[str, str]:
+    """The variables an env file sets; `documented`: also those it shows commented out at their
+    default (`# NAME=value`, a note after two spaces and `#` left out)."""
     env: dict[str, str] = {}
     for line in path.read_text().splitlines():
         line = line.strip()
-        if line and not line.startswith("#") and "=" in line:
+        if documented and (m := _DOCUMENTED.match(line)):
+            env.setdefault(m.group(1), m.group(2).split("  #", 1)[0].strip())
+        elif line and not line.startswith("#") and "=" in line:
             key, _, value = line.partition("=")
             env[key.strip()] = value.strip()
     return env
+
+
+_DOCUMENTED = re.compile(r"^# ([A-Z][A-Z0-9_]*)=(.*)$")
+
+
+def defaults(value: Any) -> dict[str, str]:
+    """Every ${VAR:-default} of a parsed compose file: {VAR: default}."""
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, list):
+        found: dict[str, str] = {}
+        for item in value:
+            found.update(defaults(item))
+        return found
+    if not isinstance(value, str):
+        return {}
+    return {m.group(1): m.group(2) for m in re.finditer(r"\$\{([A-Z][A-Z0-9_]*):-([^}]*)\}", value)}
 
 
 def interpolate(value: Any, env: Mapping[str, str]) -> Any:

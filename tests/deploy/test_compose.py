@@ -20,6 +20,7 @@ from deploy_checks import (
     DEPLOY,
     EntryPointPending,
     check_argv,
+    defaults,
     dockerfiles,
     interpolate,
     read_env_file,
@@ -32,7 +33,7 @@ from services.api.settings import load_settings
 COMPOSE_FILE = DEPLOY / "docker-compose.yml"
 SCHEMA = json.loads((DEPLOY.parent / "tests/deploy/schemas/compose-spec.json").read_text())
 RAW: dict[str, Any] = yaml.safe_load(COMPOSE_FILE.read_text())
-ENV = read_env_file(DEPLOY / ".env.example")
+ENV = read_env_file(DEPLOY / ".env.example", documented=True)
 COMPOSE: dict[str, Any] = interpolate(RAW, ENV)
 SERVICES: dict[str, dict[str, Any]] = COMPOSE["services"]
 GPU_SERVICES = {"rollout", "teacher", "learner"}
@@ -219,3 +220,14 @@ def test_mounted_configs_are_valid() -> None:
 
 def test_env_example_names_every_variable() -> None:
     assert variables(RAW) <= set(ENV), sorted(variables(RAW) - set(ENV))
+
+
+def test_env_example_sets_only_what_has_no_default() -> None:
+    """A copy of .env.example changes nothing but the two secrets: every other variable is shown
+    commented out at the GPU file's own default (so the CPU profile keeps its own defaults: a
+    value set there once made `make stack-up` ask a 2-core host for 4 CPUs)."""
+    active = read_env_file(DEPLOY / ".env.example")
+    assert set(active) == {"POSTGRES_PASSWORD", "CASCADE_TOKEN_ADMIN"}
+    shown = read_env_file(DEPLOY / ".env.example", documented=True)
+    wrong = {k: (v, shown[k]) for k, v in defaults(RAW).items() if k not in active and shown.get(k, v) != v}
+    assert wrong == {"CASCADE_TAG": ("dev", "0.1.0")}, wrong  # the tag's line shows a release tag

@@ -267,6 +267,11 @@ def test_probes(which: str) -> None:
     worker = pod_spec(which, "reward-worker")["containers"][0]
     assert worker["startupProbe"]["exec"]["command"] == ["cascade", "sandbox", "check"]
     assert worker["livenessProbe"]["exec"]["command"] == ["cascade", "sandbox", "check"]
+    learner = pod_spec(which, "learner")["containers"][0]  # a restarted pod goes on from its run
+    assert "--resume" in container_argv(learner)
+    rollout_worker = pod_spec(which, "rollout-worker")["containers"][0]  # no port: its heartbeat file
+    health_file = rollout_worker["args"][rollout_worker["args"].index("--health-file") + 1]
+    assert rollout_worker["livenessProbe"]["exec"]["command"][2:4] == ["file", health_file]
 
 
 def _commands() -> list[tuple[str, str, list[str]]]:
