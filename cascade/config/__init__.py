@@ -18,7 +18,7 @@ hash).
 
 from __future__ import annotations
 
-from cascade.config.base import DomainName, StrictModel
+from cascade.config.base import BUILTIN_DOMAINS, DomainName, StrictModel, VerifierKind
 from cascade.config.cascade import CascadeConfig, with_learner_device, with_tracking
 from cascade.config.domains import (
     AgentReward,
@@ -28,6 +28,7 @@ from cascade.config.domains import (
     JsonlPrompts,
     MathReward,
     PromptSource,
+    PythonReward,
     RewardConfig,
     RlhfReward,
     SweReward,
@@ -46,6 +47,7 @@ from cascade.config.loader import (
     ConfigError,
     NestingTooDeep,
     check_json_depth,
+    dump_cascade_yaml,
     load_cascade_config,
     parse_cascade_config,
     parse_cascade_json,
@@ -102,7 +104,10 @@ __all__ = [
     "CosineSchedule",
     "DistillConfig",
     "DomainConfig",
+    "BUILTIN_DOMAINS",
     "DomainName",
+    "PythonReward",
+    "VerifierKind",
     "EvalConfig",
     "FilterConfig",
     "GrpoConfig",
@@ -135,6 +140,7 @@ __all__ = [
     "config_paths",
     "context_problems",
     "device_setting",
+    "dump_cascade_yaml",
     "load_cascade_config",
     "metric_k",
     "model_context",

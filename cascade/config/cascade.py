@@ -8,7 +8,7 @@ from pathlib import Path
 from pydantic import Field, field_validator, model_validator
 
 from cascade.config.base import StrictModel
-from cascade.config.domains import DomainConfig
+from cascade.config.domains import DomainConfig, SyntheticPrompts
 from cascade.config.evaluation import parse_watched_metric
 from cascade.config.run import (
     ChatConfig,
@@ -59,6 +59,12 @@ class CascadeConfig(StrictModel):
         names = [d.name for d in self.domains]
         if len(set(names)) != len(names):
             raise ValueError(f"domains listed twice: {names}")
+        for i, d in enumerate(self.domains):
+            if d.kind == "python" and isinstance(d.prompts, SyntheticPrompts):
+                raise ValueError(
+                    f"domains.{i}.prompts: domain {d.name!r} (python) has no problems of its own: "
+                    "give them as kind jsonl or hf"
+                )
         for i, stage in enumerate(self.stages):
             if stage.domain not in names:
                 raise ValueError(f"stages.{i}.domain {stage.domain!r} is not in domains {names}")

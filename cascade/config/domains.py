@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from cascade.config.base import DomainName, StrictModel
+from cascade.config.base import BUILTIN_DOMAINS, DomainName, StrictModel, VerifierKind
 from cascade.config.hf import HfPrompts
 
 # --------------------------------------------------------------------------- prompt sources
@@ -201,30 +201,99 @@ class AgentReward(StrictModel):
         return self.python_tool
 
 
+class PythonReward(StrictModel):
+    """A user's own reward function (`cascade.domains.custom`), loaded by import path and called
+    once per completion in worker processes, each call within `time_limit_s`:
+
+        def score(completion: str, answer: str, *, prompt: str, meta: dict, **options) -> float | dict
+
+    returning the reward, or `{"reward": r, "reason": ..., "detail": ...}`. A call that raises,
+    overruns or returns anything else is the function's failure: `infra_error` (masked out of
+    training and evals), never a reward of 0. The reward service runs only functions its
+    operator lists (`cascade-reward --python-reward`; `cascade up` lists the config's)."""
+
+    kind: Literal["python"] = "python"
+    function: str = Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+    """`package.module:function`, importable from `python_path` or the installed packages."""
+    python_path: list[Path] = []
+    """Directories put first on the import path of the workers that call the function."""
+    options: dict[str, object] = {}
+    """Keyword arguments passed to every call."""
+    time_limit_s: float = Field(5.0, gt=0)
+    pass_threshold: float = 1.0
+    """A reward at least this is `ok` (counted as solved by the evals), below `wrong_answer`."""
+    max_response_chars: int = Field(16_000, ge=1)
+    """Longer responses get `output_limit` unread (`cascade.domains.length_bound`)."""
+    workers: int = Field(2, ge=1)
+
+
 RewardConfig = Annotated[
-    MathReward | CodeReward | IfReward | SweReward | RlhfReward | AgentReward, Field(discriminator="kind")
+    MathReward | CodeReward | IfReward | SweReward | RlhfReward | AgentReward | PythonReward,
+    Field(discriminator="kind"),
 ]
+
+DEFAULT_REWARDS: dict[str, type[StrictModel]] = {
+    "math": MathReward,
+    "code": CodeReward,
+    "if": IfReward,
+    "swe": SweReward,
+    "agent": AgentReward,
+}
+"""Each verifier kind's reward settings when a domain gives none (rlhf and python must)."""
 
 
 class DomainConfig(StrictModel):
     """A domain's data and reward, shared by every stage that trains or evaluates it."""
 
     name: DomainName
+    verifier: VerifierKind | None = None
+    """The verifier that scores this domain (math, code, if, swe, rlhf, agent, or python: a
+    function of your own, see `reward`). None: the reward's `kind`, else the domain's name,
+    which must then be one of the built-in kinds. Two data sets of one kind are two domains
+    (`gsm8k` and `math-hard`, both `verifier: math`): two rows of the regression table."""
     prompts: PromptSource = SyntheticPrompts()
     reward: RewardConfig | None = None
-    """Defaults to the domain's own reward kind with default settings."""
+    """Defaults to the verifier kind's reward with default settings."""
     max_prompt_tokens: int | None = Field(None, ge=1)
     """The longest prompt of this domain once rendered (chat template and flags included), in
     tokens. Nothing is cut to it: it is what `cascade validate` adds to each stage's token
     budgets to check them against the model's context (`max_position_embeddings`), and what the
     learner's memory estimate takes a prompt to be. None: 32 (a short question)."""
 
+    @property
+    def kind(self) -> str:
+        """The verifier kind (see `verifier`)."""
+        if self.verifier is not None:
+            return self.verifier
+        if self.name in BUILTIN_DOMAINS:
+            return self.name
+        return self.reward.kind if self.reward is not None else self.name
+
+    @property
+    def reward_settings(self) -> RewardConfig | None:
+        """`reward`, or the kind's defaults (None for a kind without defaults)."""
+        if self.reward is not None:
+            return self.reward
+        default = DEFAULT_REWARDS.get(self.kind)
+        return default() if default is not None else None  # type: ignore[return-value]
+
     @model_validator(mode="after")
     def _reward_matches(self) -> DomainConfig:
-        if isinstance(self.prompts, HfPrompts):
-            self.prompts.check_domain(self.name)
-        if self.reward is not None and self.reward.kind != self.name:
-            raise ValueError(f"reward kind {self.reward.kind!r} does not match domain {self.name!r}")
-        if self.name == "rlhf" and self.reward is None:
-            raise ValueError("the rlhf domain needs `reward: {kind: rlhf, model_path: ...}`")
+        kind = self.kind
+        if kind not in BUILTIN_DOMAINS + ("python",):
+            raise ValueError(
+                f"domain {self.name!r} needs a verifier: set `verifier:` (or `reward.kind`) to one of "
+                f"{', '.join(BUILTIN_DOMAINS)}, python"
+            )
+        if self.reward is not None and self.reward.kind != kind:
+            raise ValueError(f"reward kind {self.reward.kind!r} does not match verifier {kind!r}")
+        if isinstance(self.prompts, HfPrompts) and kind != "python":
+            self.prompts.check_domain(kind)
+        if kind == "rlhf" and self.reward is None:
+            raise ValueError(f"domain {self.name!r} (rlhf) needs `reward: {{kind: rlhf, model_path: ...}}`")
+        if kind == "python":
+            if self.reward is None:
+                raise ValueError(
+                    f"domain {self.name!r} (python) needs `reward: {{kind: python, function: module:name}}`"
+                )
         return self

@@ -186,3 +186,11 @@ def load_cascade_config(path: str | Path) -> CascadeConfig:
         return with_paths_from(config, Path(os.path.abspath(path)).parent)
     except ValueError as err:
         raise ConfigError(f"{path}: {err}") from None
+
+
+def dump_cascade_yaml(config: CascadeConfig) -> str:
+    """`config` as YAML, every field given (defaults filled in) in the models' order: what
+    `--print-config` prints. Loading the text back gives `config` again (its paths as they are:
+    absolute once the config came from `load_cascade_config`)."""
+    data = config.model_dump(mode="json")
+    return yaml.safe_dump(data, sort_keys=False, allow_unicode=True, default_flow_style=False, width=100)

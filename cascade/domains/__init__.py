@@ -8,8 +8,9 @@ pulls in sympy).
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from cascade.config import (
     IfReward,
     JsonlPrompts,
     MathReward,
+    PythonReward,
     RlhfReward,
     SweReward,
     SyntheticPrompts,
@@ -37,43 +39,39 @@ def make_domain(domain_config: DomainConfig) -> Domain:
     behind its response-length bound (`length_bound`: over-long answers are never read)."""
     from cascade.domains.length_bound import bounded
 
-    reward = domain_config.reward or _DEFAULT_REWARDS[domain_config.name]()
+    reward = domain_config.reward_settings  # rlhf always names its reward (and is not bounded)
     return bounded(_make_verifier(domain_config), getattr(reward, "max_response_chars", None))
-
-
-_DEFAULT_REWARDS: dict[str, Callable[[], object]] = {
-    "math": MathReward,
-    "code": CodeReward,
-    "if": IfReward,
-    "swe": SweReward,
-    "rlhf": lambda: None,  # validated: rlhf always names its reward (and is not bounded)
-    "agent": AgentReward,
-}
 
 
 def _make_verifier(domain_config: DomainConfig) -> Domain:
     reward = domain_config.reward
-    if domain_config.name == "math":
+    kind = domain_config.kind
+    if kind == "python":
+        from cascade.domains.custom import CustomDomain
+
+        assert isinstance(reward, PythonReward), "validated by DomainConfig"
+        return CustomDomain(reward)
+    if kind == "math":
         from cascade.domains.math import MathDomain
 
         assert reward is None or isinstance(reward, MathReward)
         return MathDomain(reward or MathReward())
-    if domain_config.name == "code":
+    if kind == "code":
         from cascade.domains.code import CodeDomain
 
         assert reward is None or isinstance(reward, CodeReward)
         return CodeDomain(reward or CodeReward())
-    if domain_config.name == "if":
+    if kind == "if":
         from cascade.domains.instruct import IfDomain
 
         assert reward is None or isinstance(reward, IfReward)
         return IfDomain(reward or IfReward())
-    if domain_config.name == "swe":
+    if kind == "swe":
         from cascade.domains.swe import SweDomain
 
         assert reward is None or isinstance(reward, SweReward)
         return SweDomain.from_config(reward or SweReward())
-    if domain_config.name == "rlhf":
+    if kind == "rlhf":
         from cascade.domains.rm import RewardModelScorer, RlhfDomain
 
         assert isinstance(reward, RlhfReward), "validated by DomainConfig"
@@ -84,12 +82,12 @@ def _make_verifier(domain_config: DomainConfig) -> Domain:
             shaping=reward.shaping,
         )
         return RlhfDomain(scorer, baseline=reward.baseline)
-    if domain_config.name == "agent":
+    if kind == "agent":
         from cascade.domains.agent import AgentDomain
 
         assert reward is None or isinstance(reward, AgentReward)
         return AgentDomain(reward or AgentReward())
-    raise ValueError(f"unknown domain {domain_config.name!r}")
+    raise ValueError(f"unknown verifier {kind!r} of domain {domain_config.name!r}")
 
 
 def load_problems(domain_config: DomainConfig, split: str) -> list[Problem]:
@@ -104,7 +102,10 @@ def load_problems(domain_config: DomainConfig, split: str) -> list[Problem]:
     source = domain_config.prompts
     if isinstance(source, SyntheticPrompts):
         n = source.n_eval if split == "eval" else source.n_train
-        return make_domain(domain_config).make_problems(split, n, source.seed)
+        problems = make_domain(domain_config).make_problems(split, n, source.seed)
+        if domain_config.name != domain_config.kind:  # `gsm8k` of kind math: its own problems' label
+            problems = [dataclasses.replace(p, domain=domain_config.name) for p in problems]
+        return problems
     if isinstance(source, JsonlPrompts):
         path = source.eval_path if split == "eval" else source.train_path
         return read_jsonl(path, domain_config.name)

@@ -58,8 +58,18 @@ def default_size(cap: int = 8) -> int:
     return max(1, min(cap, cores))
 
 
+_IN_WORKER = False
+
+
+def in_worker() -> bool:
+    """Whether this process is a pool's worker (its task already runs under a killable timeout)."""
+    return _IN_WORKER
+
+
 def _serve(conn: Connection, initializer: Callable[[], None] | None) -> None:
     """A worker's loop: run `(fn, args)` messages until the pipe closes (the parent is gone)."""
+    global _IN_WORKER
+    _IN_WORKER = True
     if initializer is not None:
         initializer()
     conn.send(("ready", None))

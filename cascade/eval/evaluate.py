@@ -47,7 +47,7 @@ def _generate_and_score(
     out: list[list[float]] = []
     for start in range(0, len(problems), batch_size):
         chunk = problems[start : start + batch_size]
-        tools = [prompt_tools(p) if p.domain == "agent" else None for p in chunk]
+        tools = [prompt_tools(p) if domain.name == "agent" else None for p in chunk]
         prompt_ids = encode_prompts(tokenizer, chat, [p.prompt for p in chunk], thinking, tools)
         settings = sampling
         if sampling.seed is not None and start:
@@ -153,8 +153,11 @@ def evaluate_domain(
     batch_size: int = 256,
     spec: EvalConfig | None = None,
     seed: int = 0,
+    name: str | None = None,
 ) -> DomainEval:
-    """Evaluate `domain` on `problems` with the metrics of `spec` (default: greedy only).
+    """Evaluate `domain` on `problems` with the metrics of `spec` (default: greedy only); `name`:
+    the domain's name in the config (default the verifier's kind: they differ for `gsm8k` of kind
+    math).
 
     `seed` seeds the sampled completions and the bootstrap: pass the same one in every mode
     (the runner uses `request_seed(cfg.seed, "eval", global_step, domain)`).
@@ -165,21 +168,38 @@ def evaluate_domain(
     episodes: list[EpisodeStats] = []
     if "greedy" in spec.metrics:
         greedy = _generate_and_score(
-            generate_fn, tokenizer, chat, domain, problems, n=1,
+            generate_fn,
+            tokenizer,
+            chat,
+            domain,
+            problems,
+            n=1,
             sampling=SamplingSettings(max_tokens=max_new_tokens, greedy=True),
-            thinking=thinking, batch_size=batch_size, reasons=reasons, episodes=episodes,
+            thinking=thinking,
+            batch_size=batch_size,
+            reasons=reasons,
+            episodes=episodes,
         )
         per_prompt["greedy"] = [r[0] for r in greedy if r]
     sampled_metrics = [m for m in spec.metrics if m != "greedy"]
     if sampled_metrics:
         sample_reasons: Counter[str] = Counter()
         sampled = _generate_and_score(
-            generate_fn, tokenizer, chat, domain, problems, n=spec.samples,
+            generate_fn,
+            tokenizer,
+            chat,
+            domain,
+            problems,
+            n=spec.samples,
             sampling=SamplingSettings(
-                max_tokens=max_new_tokens, temperature=spec.temperature, top_p=spec.top_p,
+                max_tokens=max_new_tokens,
+                temperature=spec.temperature,
+                top_p=spec.top_p,
                 seed=request_seed(seed, "sampled"),
             ),
-            thinking=thinking, batch_size=batch_size, reasons=sample_reasons,
+            thinking=thinking,
+            batch_size=batch_size,
+            reasons=sample_reasons,
             episodes=None if "greedy" in spec.metrics else episodes,
         )
         if "greedy" not in spec.metrics:
@@ -203,7 +223,7 @@ def evaluate_domain(
         metrics |= tool_use_metrics(episodes, seed=tools_seed, level=spec.confidence)
     primary = metrics[spec.primary]
     return DomainEval(
-        domain=domain.name,
+        domain=name or domain.name,
         score=primary.value,
         n=primary.n,
         reasons=dict(reasons),

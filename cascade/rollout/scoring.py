@@ -94,8 +94,9 @@ def _turn_setup(req: PromptRequest, problems: list[Problem]) -> Any:
 def multi_turn_setup(domain: str, problems: list[Problem], reward_config: dict[str, Any] | None) -> Any:
     """The turn loop's environments and format when `domain`'s problems are multi-turn (the
     agent domain's store tasks, one fresh environment per episode in `problems`), else None:
-    one rule for RL requests and distillation samples alike."""
-    if domain != "agent":
+    one rule for RL requests and distillation samples alike. The verifier kind is the reward
+    config's (a domain's name is free), else the name's."""
+    if (reward_config or {}).get("kind", domain) != "agent":
         return None
     from cascade.domains.agent import turn_setup
 

@@ -521,7 +521,7 @@ class CascadeRunner:
     # ------------------------------------------------------------------ rollouts
 
     def _encode(self, problems: list[Problem], thinking: bool) -> list[list[int]]:
-        tools = [prompt_tools(p) if p.domain == "agent" else None for p in problems]
+        tools = [prompt_tools(p) if self.domains[p.domain].name == "agent" else None for p in problems]
         prompts = [p.prompt for p in problems]
         return encode_prompts(self.policy.tokenizer, self.cfg.chat, prompts, thinking, tools)
 
@@ -535,7 +535,7 @@ class CascadeRunner:
         chosen = self._pick_problems(stage)
         seq = self.state.batches_made
         self.state.batches_made += 1
-        reward = self.cfg.domain(stage.domain).reward
+        reward = self.cfg.domain(stage.domain).reward_settings  # carries the kind of a free name
         requests = plan_requests(
             seed=self.cfg.seed,
             batch=seq,
@@ -603,7 +603,7 @@ class CascadeRunner:
             problems = self._distill_problems(stage, d)
             seed = distill_seed(self.cfg.seed, self.state.global_step, d, per_request=self.per_request)
             domain = d if stage.distill.prompt_source == "replay" else stage.domain
-            reward = self.cfg.domain(domain).reward
+            reward = self.cfg.domain(domain).reward_settings
             jobs.append(
                 DistillJob(
                     d,
@@ -684,6 +684,7 @@ class CascadeRunner:
                 thinking=stage.grpo.thinking,
                 spec=stage.eval,
                 seed=request_seed(self.cfg.seed, "eval", self.state.global_step, name),
+                name=name,
             )
             scores[name] = result.score
             self._last_evals[name] = result

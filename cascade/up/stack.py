@@ -34,7 +34,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from cascade.config import VllmEngineConfig
+from cascade.config import PythonReward, VllmEngineConfig, load_cascade_config
 from cascade.engine import vllm_env
 from cascade.transport.health import wait_until_serving
 from cascade.up import deathsig
@@ -56,6 +56,20 @@ def free_port() -> int:
 
 def _replica_no(name: str) -> int:
     return 0 if name == "rollout" else int(name.rsplit("-", 1)[1])
+
+
+def python_reward_flags(config: Path) -> list[str]:
+    """The reward front's `--python-reward` (and `--python-reward-path`) for each user reward
+    function the cascade names: the service calls only the functions its command line lists."""
+    flags: list[str] = []
+    if not config.is_file():  # a stack started before its cascade is chosen (tests)
+        return flags
+    for domain in load_cascade_config(config).domains:
+        if isinstance(domain.reward, PythonReward):
+            flags += ["--python-reward", domain.reward.function]
+            for directory in domain.reward.python_path:
+                flags += ["--python-reward-path", str(directory)]
+    return flags
 
 
 @dataclass
@@ -282,7 +296,8 @@ class LocalStack:
             vllm_env.check_python(self.vllm_python)
         rollouts = [self.rollout_service(i) for i in range(self.rollout_replicas)]
         # the broker: CASCADE_REWARD_BROKER_URL (`_env`), not `--broker-url` (it may hold a password)
-        reward = self._service("reward", "services.reward.main", *self.reward_flags)
+        reward_flags = [*python_reward_flags(self.config), *self.reward_flags]
+        reward = self._service("reward", "services.reward.main", *reward_flags)
         teacher = self._service("teacher", "services.teacher.main", "--torch-threads", "1")
         for proc in (*rollouts, reward, teacher):
             self._start(proc)

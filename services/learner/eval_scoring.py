@@ -57,8 +57,9 @@ class EvalScorers:
         self.domains: dict[str, Domain] = {}
         for d in config.domains:
             local = make_domain(d)
-            if d.name in SANDBOXED:
-                cfg = d.reward.model_dump(mode="json") if d.reward is not None else None
+            if d.kind in SANDBOXED:
+                settings = d.reward_settings
+                cfg = settings.model_dump(mode="json") if settings is not None else None
                 self.domains[d.name] = ServiceScored(local, client, cfg, outage)
             else:
                 self.domains[d.name] = local

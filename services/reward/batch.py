@@ -39,7 +39,7 @@ class Batch:
     def chunks(self, size: int) -> list[range]:
         """Index ranges of at most `size` items (the whole batch for unsplittable domains)."""
         n = len(self.problems)
-        if self.domain.name in UNSPLITTABLE:
+        if self.domain.kind in UNSPLITTABLE:
             return [range(0, n)]
         return [range(start, min(start + size, n)) for start in range(0, n, size)]
 

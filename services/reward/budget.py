@@ -104,7 +104,7 @@ def score_each(
         try:
             (verdict,) = domains.score(one)
         except ItemOverBudget:
-            verdict = over_budget(batch.domain.name, budget_s or 0.0)
+            verdict = over_budget(batch.domain.kind, budget_s or 0.0)
         finally:
             if tool is not None:
                 tool.deadline = None

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
-from cascade.config import MathReward
+from cascade.config import MathReward, PythonReward
 from cascade.domains import RewardVerdict
 from cascade.domains.base import TIMEOUT
 from cascade.domains.length_bound import floor_reward
@@ -119,9 +119,11 @@ class PooledScoring:
 
     def timeout_s(self, batch: Batch) -> float:
         """How long one item's worker may run."""
-        if batch.domain.name != "math":
-            return self.item_timeout_s
         reward = batch.domain.reward
+        if isinstance(reward, PythonReward):  # its own limit, enforced here by killing the process
+            return reward.time_limit_s + MATH_GRACE_S
+        if batch.domain.kind != "math":
+            return self.item_timeout_s
         return (reward if isinstance(reward, MathReward) else MathReward()).timeout_s + MATH_GRACE_S
 
     def stream(self, batch: Batch, *, deadline: float | None, is_active: Callable[[], bool]) -> Indexed:
@@ -142,8 +144,14 @@ def _verdicts(batch: Batch, outcome: Outcome, n: int, timeout_s: float) -> list[
             return verdicts_from_json(outcome.value, n)
         except ValueError as err:
             return infra_verdicts(n, f"bad verdicts from a scoring process: {err}")
+    if outcome.kind == "timeout" and n == 1 and batch.domain.kind == "python":  # the user's function's
+        return infra_verdicts(1, f"the reward function took over {timeout_s:g}s (stopped)")
     if outcome.kind == "timeout" and n == 1:  # this completion kept its verifier busy
-        return [RewardVerdict(floor_reward(name), TIMEOUT, f"scoring took over {timeout_s:g}s (stopped)")]
+        return [
+            RewardVerdict(
+                floor_reward(batch.domain.kind), TIMEOUT, f"scoring took over {timeout_s:g}s (stopped)"
+            )
+        ]
     if outcome.kind == "expired":
         return infra_verdicts(n, DEADLINE_PASSED)
     log.warning("%s: %d items unscored: %s %s", name, n, outcome.kind, outcome.detail)

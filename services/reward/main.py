@@ -69,8 +69,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "all its tool calls), before it is stopped and judged `timeout` (math in a local process: "
         "its reward's timeout_s + 2 instead; default: %(default)s)",
     )
+    p.add_argument(
+        "--python-reward",
+        action="append",
+        default=[f for f in env.get("CASCADE_REWARD_PYTHON_FUNCTIONS", "").split(",") if f.strip()],
+        metavar="MODULE:FUNCTION",
+        help="a user's reward function this service may call for `verifier: python` domains "
+        "(repeatable; env CASCADE_REWARD_PYTHON_FUNCTIONS, comma-separated). A request naming any "
+        "other is refused: a client never makes the service import what its operator did not list",
+    )
+    p.add_argument(
+        "--python-reward-path",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a directory put first on the import path of the listed reward functions (repeatable; a "
+        "request's own `python_path` is never used: the client does not choose what this host imports)",
+    )
     args = p.parse_args(argv)
-    domains = {"math", "code", "if", "swe", "rlhf", "agent"}
+    args.python_reward = frozenset(f.strip() for f in args.python_reward)
+    domains = {"math", "code", "if", "swe", "rlhf", "agent", "python"}
     args.remote_domains = frozenset(d.strip() for d in args.remote_domains.split(",") if d.strip())
     if not args.remote_domains <= domains:
         p.error(
@@ -121,7 +139,13 @@ def serve(args: argparse.Namespace) -> int:
         celery_app,
         local,
     )
-    servicer = RewardServicer(dispatcher, metrics, max_items=args.max_items)
+    servicer = RewardServicer(
+        dispatcher,
+        metrics,
+        max_items=args.max_items,
+        python_functions=args.python_reward,
+        python_path=tuple(args.python_reward_path),
+    )
     serve_grpc(
         args,
         start_metrics_port(args, metrics.registry),

@@ -84,7 +84,7 @@ class Dispatcher:
         left before the client's deadline: items not scored by then are `infra_error` verdicts
         whose detail starts with `DEADLINE_PASSED`.
         """
-        if batch.domain.name in self.config.remote_domains or self._heavy(batch):
+        if batch.domain.kind in self.config.remote_domains or self._heavy(batch):
             limit = (
                 self.config.task_timeout_s
                 if timeout_s is None
@@ -98,10 +98,10 @@ class Dispatcher:
 
     def _heavy(self, batch: Batch) -> bool:
         reward = batch.domain.reward
-        if batch.domain.name not in self.config.remote_when_heavy:
+        if batch.domain.kind not in self.config.remote_when_heavy:
             return False
         if reward is None:  # the domain's defaults: swe's default mode executes
-            return batch.domain.name == "swe"
+            return batch.domain.kind == "swe"
         return bool(getattr(reward, "heavy", False))
 
     def _remote(

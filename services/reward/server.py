@@ -33,16 +33,26 @@ SERVICE_NAME = reward_pb2.DESCRIPTOR.services_by_name["RewardService"].full_name
 
 
 class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
-    def __init__(self, dispatcher: Dispatcher, metrics: RewardMetrics, *, max_items: int = 4096) -> None:
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        metrics: RewardMetrics,
+        *,
+        max_items: int = 4096,
+        python_functions: frozenset[str] = frozenset(),
+        python_path: tuple[str, ...] = (),
+    ) -> None:
         self.dispatcher = dispatcher
         self.metrics = metrics
         self.max_items = max_items
+        self.python_functions = python_functions
+        self.python_path = python_path
 
     def Score(  # noqa: N802 - gRPC method name
         self, request: reward_pb2.ScoreRequest, context: grpc.ServicerContext
     ) -> reward_pb2.ScoreResponse:
         with _Call(self.metrics, "Score", request.domain) as call:
-            batch = call.parse(request, context, self.max_items)
+            batch = call.parse(request, context, self.max_items, self.python_functions, self.python_path)
             wait_s = _wait_s(context)
             try:
                 verdicts = self.dispatcher.score(batch, is_active=context.is_active, timeout_s=wait_s)
@@ -58,7 +68,7 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
         self, request: reward_pb2.ScoreRequest, context: grpc.ServicerContext
     ) -> Iterator[reward_pb2.Verdict]:
         with _Call(self.metrics, "ScoreStream", request.domain) as call:
-            batch = call.parse(request, context, self.max_items)
+            batch = call.parse(request, context, self.max_items, self.python_functions, self.python_path)
             wait_s = _wait_s(context)
             sent: set[int] = set()
             try:
@@ -100,9 +110,20 @@ class _Call:
         self.metrics.requests.labels(self.method, self.domain, self.code.name).inc()
         self.metrics.latency.labels(self.method, self.domain).observe(time.perf_counter() - self.start)
 
-    def parse(self, request: reward_pb2.ScoreRequest, context: grpc.ServicerContext, max_items: int) -> Batch:
+    def parse(
+        self,
+        request: reward_pb2.ScoreRequest,
+        context: grpc.ServicerContext,
+        max_items: int,
+        python_functions: frozenset[str],
+        python_path: tuple[str, ...],
+    ) -> Batch:
         try:
-            return parse_request(request, max_items=max_items)
+            batch = parse_request(
+                request, max_items=max_items, python_functions=python_functions, python_path=python_path
+            )
+            self.domain = batch.domain.kind  # metric labels by verifier kind: a bounded set
+            return batch
         except BadRequest as err:
             self.code = grpc.StatusCode.INVALID_ARGUMENT
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))

@@ -56,13 +56,20 @@ class Service:
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     flush_or_skip(MAIN_DB, KILL_DB)
     log_dir = tmp_path_factory.mktemp("reward-service")
+    (log_dir / "user_rewards.py").write_text(USER_REWARDS)
     url = f"redis://{REDIS}"
     procs: list[Proc | Front] = []
     try:
         worker = start_worker("main-worker", f"{url}/{MAIN_DB}", log_dir, concurrency=2)
         procs.append(worker)
         fronts = [
-            Front("main", f"{url}/{MAIN_DB}", log_dir, "--chunk-size", "2", "--task-timeout-s", "30"),
+            Front(
+                "main",
+                f"{url}/{MAIN_DB}",
+                log_dir,
+                *("--chunk-size", "2", "--task-timeout-s", "30"),
+                *("--python-reward", "user_rewards:two_or_bust", "--python-reward-path", str(log_dir)),
+            ),
             Front("spare", f"{url}/{KILL_DB}", log_dir, "--task-timeout-s", "50"),
             Front("no-broker", f"redis://127.0.0.1:{free_port()}/0", log_dir, "--chunk-size", "1"),
         ]
@@ -160,8 +167,20 @@ def _request(domain: str = "math", config: str = "", meta: str = "{}", **problem
     )
 
 
+USER_REWARDS = """
+def two_or_bust(completion, answer, **kw):
+    if "boom" in completion:
+        raise RuntimeError("a bug in the user's function")
+    return {"reward": 1.0 if "2" in completion else 0.5, "detail": "judged by user_rewards"}
+"""
+
 BAD_REQUESTS = {
-    "unknown domain": (_request(domain="chemistry"), "unknown domain 'chemistry'"),
+    "domain without a verifier": (_request(domain="chemistry"), "domain 'chemistry' needs a verifier"),
+    "not a domain name": (_request(domain="Chem istry"), "is not a domain name"),
+    "a python reward the service does not list": (
+        _request(domain="mine", config='{"kind": "python", "function": "os:system"}'),
+        "reward.function 'os:system' is not a function this service runs",
+    ),
     "invalid reward config": (_request("code", config='{"time_limit_s": -1}'), "time_limit_s"),
     "unknown reward field": (_request("code", config='{"time_limit": 3}'), "time_limit"),
     "reward kind of another domain": (_request("code", config='{"kind": "math"}'), "does not match"),
@@ -189,6 +208,21 @@ def test_bad_requests_are_invalid_argument(service: Service, case: str) -> None:
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert message in err.value.details()
     assert service.stub().Score(_request(), timeout=10).verdicts[0].reason == "ok"  # still serving
+
+
+def test_a_listed_python_reward_scores_a_free_domain_name(service: Service) -> None:
+    """The service's own --python-reward-path is used, never the request's python_path; the
+    function's failure is that item's infra_error, its neighbours keep their verdicts."""
+    config = json.dumps(
+        {"kind": "python", "function": "user_rewards:two_or_bust", "python_path": ["/nowhere"]}
+    )
+    problems = [Problem(f"gsm8k-{i}", "gsm8k", "1+1?", "2") for i in range(3)]
+    request = pb.ScoreRequest(
+        domain="gsm8k", reward_config_json=config, items=_items(problems, ["2", "boom", "three"])
+    )
+    got = service.stub().Score(request, timeout=60).verdicts
+    assert [(v.reward, v.reason) for v in got] == [(1.0, "ok"), (0.0, "infra_error"), (0.5, "wrong_answer")]
+    assert got[0].detail == "judged by user_rewards" and "RuntimeError" in got[1].detail
 
 
 def _metrics(front: Front) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -90,7 +90,7 @@ def test_config_and_registry() -> None:
     assert len(load_problems(cfg, "eval")) == cfg.prompts.n_eval  # type: ignore[union-attr]
     with pytest.raises(ConfigError, match="max_calls_per_turn"):
         parse_domain_config({"name": "agent", "reward": {"kind": "agent", "max_calls_per_turn": 0}})
-    with pytest.raises(ConfigError, match="does not match domain"):
+    with pytest.raises(ConfigError, match="does not match verifier"):
         parse_domain_config({"name": "math", "reward": {"kind": "agent"}})
 
 

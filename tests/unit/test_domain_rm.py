@@ -251,7 +251,7 @@ def test_rlhf_domain_from_config(rm_build: tuple[Path, dict[str, Any]]) -> None:
     from cascade.config import DomainConfig, RlhfReward
     from cascade.domains import make_domain
 
-    with pytest.raises(ValidationError, match="rlhf domain needs"):
+    with pytest.raises(ValidationError, match=r"\(rlhf\) needs"):
         DomainConfig(name="rlhf")
     domain = make_domain(DomainConfig(name="rlhf", reward=RlhfReward(model_path=rm_build[0])))
     problem = domain.make_problems("eval", 1, 0)[0]
