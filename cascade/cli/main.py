@@ -47,6 +47,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="train on N ranks of this host (torchrun; the policy sharded with FSDP2; default: 1)",
     )
     p.add_argument("--stop-after-steps", type=int, help="checkpoint and stop after N steps (resume later)")
+    p.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the config the run would use (defaults filled in, paths absolute, --seed, --device "
+        "and --track applied) as YAML, and exit without running",
+    )
     add_cascade_id_flag(p)
     p.add_argument(
         "--follow", action="store_true", help="when paused by an operator, wait for resume or abort"
@@ -118,6 +124,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="check the configs only, not the paths they name (e.g. on a host without the model)",
     )
+    p.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print each config as it is resolved (defaults filled in, paths absolute) as YAML, one "
+        "document per file, after its checks; nothing else is printed on stdout",
+    )
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("model", help="build models")
@@ -146,10 +158,11 @@ def build_parser() -> argparse.ArgumentParser:
     s = ssub.add_parser("check", help="check what the bubblewrap sandbox needs from this host")
     s.add_argument("--uid", type=int, default=61000, help="sandbox uid when running as root")
     s.set_defaults(func=cmd_sandbox_check)
-    from cascade.cli import api, data
+    from cascade.cli import api, data, export
 
     api.add_parsers(sub)
     data.add_parsers(sub)
+    export.add_parsers(sub)
     return parser
 
 

@@ -14,6 +14,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from cascade.tracking import check_tracking
 
     status = 0
+    printed = 0
     for path in args.configs:
         try:
             cfg = load_cascade_config(path)
@@ -30,6 +31,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
             print(f"error: {path}: {problem}", file=sys.stderr)
         if problems:
             status = 2
+            continue
+        if getattr(args, "print_config", False):
+            from cascade.config import dump_cascade_yaml
+
+            # one YAML document per file: `---` before each but the first
+            print(("---\n" if printed else "") + f"# {path}, resolved\n" + dump_cascade_yaml(cfg), end="")
+            printed += 1
             continue
         print(f"ok: {path} ({cfg.name}: {' -> '.join(s.label for s in cfg.stages)})")
     return status
@@ -106,6 +114,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     from cascade.config import with_tracking
 
     cfg = with_tracking(cfg, args.track)
+    if getattr(args, "print_config", False):  # what the run would use, and nothing run, checked or written
+        from cascade.config import dump_cascade_yaml
+
+        print(dump_cascade_yaml(cfg), end="")
+        return 0
     if args.nproc < 1:
         return fail("--nproc must be at least 1")
     from cascade.accel import DeviceError

@@ -233,6 +233,11 @@ def _complete_checkpoints(root: Path) -> list[Path]:
     return [p for p in _step_dirs(root) if (p / STATE_FILE).exists()]
 
 
+def finished_checkpoints(root: Path) -> list[Path]:
+    """The finished checkpoints under `root`, oldest first, unverified."""
+    return _complete_checkpoints(root)
+
+
 def latest_checkpoint(root: Path) -> Path | None:
     """The newest finished checkpoint, unverified (`newest_verified_checkpoint` to resume)."""
     done = _complete_checkpoints(root)
@@ -394,6 +399,31 @@ def verify_checkpoint(path: Path, *, checksums: bool = True) -> str | None:
         if problem is not None:
             return problem
     return _content_problem(path)
+
+
+def model_dir_problem(path: Path) -> str | None:
+    """Why `path` is not a loadable model directory (a teacher's, a KL reference's: written
+    without a manifest), in a few words naming the file (None: it is): its `config.json` reads
+    as JSON, it holds `model*.safetensors` and their weights are finite."""
+    if not path.is_dir():
+        return "it does not exist"
+    try:
+        json.loads((path / "config.json").read_text())
+    except FileNotFoundError:
+        return "config.json is missing"
+    except (OSError, ValueError) as err:
+        return f"config.json cannot be read ({_first_line(err)})"
+    weights = sorted(path.glob("model*.safetensors"))
+    if not weights:
+        return "it holds no model*.safetensors"
+    file = weights[0]
+    try:
+        for file in weights:
+            if (problem := _not_finite(file)) is not None:
+                return problem
+    except (OSError, SafetensorError) as err:
+        return f"{file.name} cannot be read ({_first_line(err)})"
+    return None
 
 
 def newest_verified_checkpoint(root: Path, log: Callable[[str], None] = print) -> Path | None:

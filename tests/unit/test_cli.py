@@ -133,6 +133,103 @@ def test_validate_examples() -> None:
         assert (proc.returncode, proc.stderr) == (0, ""), proc.stderr
 
 
+QWEN3_0_6B = {  # Qwen/Qwen3-0.6B's config.json, the fields the checks read (no weights needed)
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "vocab_size": 151936,
+    "hidden_size": 1024,
+    "intermediate_size": 3072,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "max_position_embeddings": 40960,
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+}
+
+
+def test_qwen3_example_passes_the_full_checks_on_a_qwen3_shaped_model(tmp_path: Path) -> None:
+    """examples/qwen3-0.6b.yaml with model.path on a directory shaped as Qwen3-0.6B (config.json
+    and a tokenizer config with a chat template, no weights): the context check (budgets plus
+    prompts within 40,960 positions) and the learner's memory estimate (an 80 GB GPU's share)
+    pass. The data files it names are empty stand-ins: `validate` checks that they exist."""
+    import json
+
+    data = yaml.safe_load((REPO / "examples" / "qwen3-0.6b.yaml").read_text())
+    # the recipe's settings the example promises
+    for stage in data["stages"]:
+        grpo = stage["grpo"]
+        assert 1e-6 <= grpo["learning_rate"] <= 2e-6 and grpo["warmup_steps"] == 0
+        assert 8 <= grpo["group_size"] <= 16 and grpo["temperature"] == 1.0
+        assert grpo["kl_coef"] == 0 and grpo["max_staleness"] == 0 and grpo["thinking"] is True
+        assert grpo["budget"]["max_new_tokens"] >= 8192
+        assert (stage["eval"]["temperature"], stage["eval"]["top_p"]) == (0.6, 0.95)
+    assert data["learner"]["memory_gib"] <= 79 and data["learner"]["device"] == "cuda"
+    assert data["model"]["dtype"] == "bfloat16"
+
+    model = tmp_path / "qwen3-0.6b"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(QWEN3_0_6B))
+    template = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    (model / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+    data["model"]["path"] = str(model)
+    data["output_dir"] = str(tmp_path / "runs")
+    for domain in data["domains"]:
+        files = domain["prompts"].get("data_files") or {}
+        for split, names in files.items():
+            files[split] = []
+            for name in names:
+                stand_in = tmp_path / "data" / Path(name).parent.name / Path(name).name
+                stand_in.parent.mkdir(parents=True, exist_ok=True)
+                stand_in.touch()
+                files[split].append(str(stand_in))
+    path = _write(tmp_path, data, "qwen3-0.6b.yaml")
+    proc = _cli("validate", str(path))
+    assert (proc.returncode, proc.stderr) == (0, ""), proc.stderr
+    assert proc.stdout == f"ok: {path} (qwen3-0.6b-cascade: if -> math -> code)\n"
+
+    # the same config on a smaller card is refused, naming the setting to change
+    data["learner"]["memory_gib"] = 12
+    proc = _cli("validate", str(_write(tmp_path, data, "small.yaml")))
+    assert proc.returncode == 2 and "needs about" in proc.stderr and "learner.memory_gib" in proc.stderr
+
+
+def test_print_config_validate(tmp_path: Path) -> None:
+    """`validate --print-config`: each config resolved (defaults filled in, paths absolute) as one
+    YAML document per file, nothing else on stdout; the text loads back as the same config."""
+    from cascade.config import load_cascade_config, parse_cascade_config
+
+    examples = [REPO / "examples" / "tiny-cascade.yaml", REPO / "examples" / "qwen3-0.6b.yaml"]
+    proc = _cli("validate", "--schema-only", "--print-config", *map(str, examples), cwd=tmp_path)
+    assert (proc.returncode, proc.stderr) == (0, ""), proc.stderr
+    docs = list(yaml.safe_load_all(proc.stdout))
+    assert len(docs) == 2
+    tiny = docs[0]
+    assert tiny["model"]["path"] == str(REPO / "models" / "tiny")  # from the file's directory, absolute
+    assert tiny["output_dir"] == str(REPO / "runs")
+    assert tiny["checkpoint"] == {"every": 20, "keep_last": 2}
+    assert tiny["lease"] == {"heartbeat_s": 5.0, "expiry_s": 30.0}  # defaults filled in
+    assert tiny["stages"][0]["grpo"]["clip_eps_high"] == 0.28
+    for doc, example in zip(docs, examples, strict=True):
+        assert parse_cascade_config(doc) == load_cascade_config(example)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_print_config_run_applies_the_flags_and_runs_nothing(tmp_path: Path) -> None:
+    data = _config(tmp_path, tmp_path / "no-model")
+    path = _write(tmp_path, data, "c.yaml")
+    proc = _cli(
+        "run", str(path), "--print-config", "--seed", "7", "--device", "cpu", "--track", "tensorboard"
+    )
+    assert (proc.returncode, proc.stderr) == (0, ""), proc.stderr
+    cfg = yaml.safe_load(proc.stdout)
+    assert cfg["seed"] == 7 and cfg["learner"]["device"] == "cpu"
+    assert cfg["tracking"]["backends"] == ["tensorboard"]
+    assert cfg["model"]["path"] == str(tmp_path / "no-model")  # not checked: nothing is run
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.yaml"]  # no output_dir, no run dir
+
+
 @pytest.mark.parametrize("command", ["validate", "run"])
 def test_deeply_nested_yaml_exits_2_with_one_line(tmp_path: Path, command: str) -> None:
     """About 2 KB nested 1000 deep: the nesting bound's one line, not a RecursionError."""
@@ -226,7 +323,9 @@ def test_report_without_report_exits_2(tmp_path: Path) -> None:
     assert "no report yet" in line
 
 
-@pytest.mark.parametrize("args", [["--help"], ["run", "--help"], ["validate", "--help"]])
+@pytest.mark.parametrize(
+    "args", [["--help"], ["run", "--help"], ["validate", "--help"], ["export", "--help"]]
+)
 def test_help(args: list[str]) -> None:
     proc = _cli(*args)
     assert proc.returncode == 0, proc.stderr
@@ -236,7 +335,7 @@ def test_help(args: list[str]) -> None:
 
 def test_help_lists_commands() -> None:
     out = _cli("--help").stdout
-    for command in ("run", "validate", "model", "report"):
+    for command in ("run", "validate", "model", "report", "export"):
         assert command in out
     assert "--resume" in _cli("run", "--help").stdout
 
