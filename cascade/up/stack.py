@@ -34,7 +34,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from cascade.config import PythonReward, VllmEngineConfig, load_cascade_config
+from cascade.config import ConfigError, PythonReward, VllmEngineConfig, load_cascade_config
 from cascade.engine import vllm_env
 from cascade.transport.health import wait_until_serving
 from cascade.up import deathsig
@@ -62,9 +62,11 @@ def python_reward_flags(config: Path) -> list[str]:
     """The reward front's `--python-reward` (and `--python-reward-path`) for each user reward
     function the cascade names: the service calls only the functions its command line lists."""
     flags: list[str] = []
-    if not config.is_file():  # a stack started before its cascade is chosen (tests)
-        return flags
-    for domain in load_cascade_config(config).domains:
+    try:
+        domains = load_cascade_config(config).domains
+    except ConfigError:  # none yet (a stack started before its cascade is chosen), or the learner's
+        return flags  # to report: it loads the same file and names what is wrong
+    for domain in domains:
         if isinstance(domain.reward, PythonReward):
             flags += ["--python-reward", domain.reward.function]
             for directory in domain.reward.python_path:

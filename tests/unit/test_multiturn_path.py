@@ -59,7 +59,7 @@ def _request(problems: list[Problem], prompt_ids: list[list[int]], domain: str =
         problems=[problem_fields(p) for p in problems],
         prompt_ids=prompt_ids,
         sample_ids=[[f"b0/{p.id}/0"] for p in problems],
-        reward_config={"kind": "agent", "max_turns": 4},
+        reward_config={"kind": "agent", "max_turns": 4} if domain == "agent" else None,
     )
 
 
