@@ -3,28 +3,14 @@ line on stderr naming the field, never a traceback, and nothing is written."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from cli_process import one_error_line, run_cli
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _cli(*args: str, cwd: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "NO_COLOR": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "cascade.cli", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd or REPO,
-        env=env,
-        timeout=timeout,
-    )
 
 
 def _config(tmp_path: Path, model_path: Path | str = "/nonexistent/model") -> dict[str, Any]:
@@ -41,15 +27,6 @@ def _write(tmp_path: Path, data: Any, name: str = "bad.yaml") -> Path:
     path = tmp_path / name
     path.write_text(yaml.safe_dump(data) if not isinstance(data, str) else data)
     return path
-
-
-def _one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
-    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
-    assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout
-    lines = proc.stderr.splitlines()
-    assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("error: "), lines[0]
-    return lines[0]
 
 
 def _bad_group_size(tmp_path: Path) -> dict[str, Any]:
@@ -82,8 +59,8 @@ BAD = {
 def test_bad_config_exits_2_with_one_line(tmp_path: Path, command: str, case: str) -> None:
     make, field = BAD[case]
     path = _write(tmp_path, make(tmp_path))
-    proc = _cli(command, str(path))
-    line = _one_error_line(proc)
+    proc = run_cli(command, str(path))
+    line = one_error_line(proc)
     assert f": {field}: " in line
     assert str(path) in line
     assert not (tmp_path / "out").exists(), "a refused config must not create the output dir"
@@ -93,7 +70,7 @@ def test_bad_config_exits_2_with_one_line(tmp_path: Path, command: str, case: st
 @pytest.mark.parametrize("command", ["validate", "run"])
 def test_bad_yaml_exits_2_with_line_and_column(tmp_path: Path, command: str) -> None:
     path = _write(tmp_path, f"name: x\noutput_dir: {tmp_path / 'out'}\nmodel: {{path: /x\n")
-    line = _one_error_line(_cli(command, str(path)))
+    line = one_error_line(run_cli(command, str(path)))
     assert "invalid YAML" in line and "line 4, column 1" in line
     assert not (tmp_path / "out").exists()
 
@@ -102,7 +79,7 @@ def test_bad_yaml_exits_2_with_line_and_column(tmp_path: Path, command: str) -> 
 def test_undecodable_file_exits_2(tmp_path: Path, command: str) -> None:
     path = tmp_path / "bad.yaml"
     path.write_bytes(b"name: t\xff\xfe\nmodel: {path: /x}\n")
-    line = _one_error_line(_cli(command, str(path)))
+    line = one_error_line(run_cli(command, str(path)))
     assert str(path) in line
 
 
@@ -112,7 +89,7 @@ def test_validate_ok_and_bad_together(tmp_path: Path) -> None:
     (model / "config.json").write_text("{}")
     good = _write(tmp_path, _config(tmp_path, model), "good.yaml")
     bad = _write(tmp_path, _bad_group_size(tmp_path))
-    proc = _cli("validate", str(good), str(bad))
+    proc = run_cli("validate", str(good), str(bad))
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert proc.stdout.splitlines() == [f"ok: {good} (cli-test: if -> math)"]
@@ -124,12 +101,12 @@ def test_validate_examples() -> None:
     built (`make test` builds models/tiny, not models/tiny-full)."""
     examples = sorted((REPO / "examples").glob("*.yaml"))
     assert examples
-    proc = _cli("validate", "--schema-only", *map(str, examples))
+    proc = run_cli("validate", "--schema-only", *map(str, examples))
     assert proc.returncode == 0, proc.stderr
     assert len(proc.stdout.splitlines()) == len(examples)
     assert all(line.startswith("ok: ") for line in proc.stdout.splitlines())
     if (REPO / "models" / "tiny" / "config.json").exists():
-        proc = _cli("validate", "examples/tiny-cascade.yaml")
+        proc = run_cli("validate", "examples/tiny-cascade.yaml")
         assert (proc.returncode, proc.stderr) == (0, ""), proc.stderr
 
 
@@ -185,13 +162,13 @@ def test_qwen3_example_passes_the_full_checks_on_a_qwen3_shaped_model(tmp_path: 
                 stand_in.touch()
                 files[split].append(str(stand_in))
     path = _write(tmp_path, data, "qwen3-0.6b.yaml")
-    proc = _cli("validate", str(path))
+    proc = run_cli("validate", str(path))
     assert (proc.returncode, proc.stderr) == (0, ""), proc.stderr
     assert proc.stdout == f"ok: {path} (qwen3-0.6b-cascade: if -> math -> code)\n"
 
     # the same config on a smaller card is refused, naming the setting to change
     data["learner"]["memory_gib"] = 12
-    proc = _cli("validate", str(_write(tmp_path, data, "small.yaml")))
+    proc = run_cli("validate", str(_write(tmp_path, data, "small.yaml")))
     assert proc.returncode == 2 and "needs about" in proc.stderr and "learner.memory_gib" in proc.stderr
 
 
@@ -201,7 +178,7 @@ def test_print_config_validate(tmp_path: Path) -> None:
     from cascade.config import load_cascade_config, parse_cascade_config
 
     examples = [REPO / "examples" / "tiny-cascade.yaml", REPO / "examples" / "qwen3-0.6b.yaml"]
-    proc = _cli("validate", "--schema-only", "--print-config", *map(str, examples), cwd=tmp_path)
+    proc = run_cli("validate", "--schema-only", "--print-config", *map(str, examples), cwd=tmp_path)
     assert (proc.returncode, proc.stderr) == (0, ""), proc.stderr
     docs = list(yaml.safe_load_all(proc.stdout))
     assert len(docs) == 2
@@ -219,7 +196,7 @@ def test_print_config_validate(tmp_path: Path) -> None:
 def test_print_config_run_applies_the_flags_and_runs_nothing(tmp_path: Path) -> None:
     data = _config(tmp_path, tmp_path / "no-model")
     path = _write(tmp_path, data, "c.yaml")
-    proc = _cli(
+    proc = run_cli(
         "run", str(path), "--print-config", "--seed", "7", "--device", "cpu", "--track", "tensorboard"
     )
     assert (proc.returncode, proc.stderr) == (0, ""), proc.stderr
@@ -234,7 +211,7 @@ def test_print_config_run_applies_the_flags_and_runs_nothing(tmp_path: Path) -> 
 def test_deeply_nested_yaml_exits_2_with_one_line(tmp_path: Path, command: str) -> None:
     """About 2 KB nested 1000 deep: the nesting bound's one line, not a RecursionError."""
     path = _write(tmp_path, "[" * 1000 + "]" * 1000)
-    line = _one_error_line(_cli(command, str(path)))
+    line = one_error_line(run_cli(command, str(path)))
     assert line == (
         f"error: {path}: invalid YAML: line 1, column 65: nested deeper than 64 levels "
         "(the bound on a config's nesting)"
@@ -246,7 +223,7 @@ def test_validate_checks_the_paths_the_config_names(tmp_path: Path) -> None:
     data["domains"][1]["prompts"] = {"kind": "jsonl", "train_path": str(tmp_path / "t.jsonl"),
                                      "eval_path": str(tmp_path / "e.jsonl")}  # fmt: skip
     path = _write(tmp_path, data, "c.yaml")
-    proc = _cli("validate", str(path))
+    proc = run_cli("validate", str(path))
     assert proc.returncode == 2 and proc.stdout == "" and "Traceback" not in proc.stderr
     assert proc.stderr.splitlines() == [
         f"error: {path}: model.path: {tmp_path / 'no-model'} does not exist "
@@ -254,24 +231,24 @@ def test_validate_checks_the_paths_the_config_names(tmp_path: Path) -> None:
         f"error: {path}: domains.1.prompts.train_path: {tmp_path / 't.jsonl'} does not exist",
         f"error: {path}: domains.1.prompts.eval_path: {tmp_path / 'e.jsonl'} does not exist",
     ]
-    proc = _cli("validate", "--schema-only", str(path))
+    proc = run_cli("validate", "--schema-only", str(path))
     assert proc.returncode == 0 and proc.stdout.startswith(f"ok: {path}")
     (tmp_path / "no-model").mkdir()
     (tmp_path / "t.jsonl").write_text("")
     (tmp_path / "e.jsonl").write_text("")
-    line = _one_error_line(_cli("validate", str(path)))
+    line = one_error_line(run_cli("validate", str(path)))
     assert line == (
         f"error: {path}: model.path: {tmp_path / 'no-model'} is not a model directory (no config.json) "
         "(build the tiny one with `cascade model init`)"
     )
     (tmp_path / "no-model" / "config.json").write_text("{}")
-    proc = _cli("validate", str(path))
+    proc = run_cli("validate", str(path))
     assert (proc.returncode, proc.stderr) == (0, "")
 
 
 def test_run_without_model_dir_exits_2(tmp_path: Path) -> None:
     path = _write(tmp_path, _config(tmp_path, tmp_path / "no-model"), "c.yaml")
-    line = _one_error_line(_cli("run", str(path)))
+    line = one_error_line(run_cli("run", str(path)))
     assert "model.path" in line and "cascade model init" in line
     assert not (tmp_path / "out").exists()
 
@@ -281,7 +258,7 @@ def test_run_on_existing_run_dir_exits_2(tmp_path: Path, random_tiny_model: Path
     run_dir = tmp_path / "out" / "cli-test"
     run_dir.mkdir(parents=True)
     (run_dir / "keep.txt").write_text("an earlier run")
-    line = _one_error_line(_cli("run", str(path), "--no-progress"))
+    line = one_error_line(run_cli("run", str(path), "--no-progress"))
     assert "--resume" in line and "--fresh" in line
     assert sorted(p.name for p in run_dir.iterdir()) == ["keep.txt"]
 
@@ -293,10 +270,10 @@ def test_fresh_on_a_run_with_history_needs_yes_without_a_terminal(
     run_dir = tmp_path / "out" / "cli-test"
     run_dir.mkdir(parents=True)
     (run_dir / "keep.txt").write_text("an earlier run")
-    line = _one_error_line(_cli("run", str(path), "--fresh", "--no-progress"))
+    line = one_error_line(run_cli("run", str(path), "--fresh", "--no-progress"))
     assert "--yes" in line and str(run_dir) in line
     assert sorted(p.name for p in run_dir.iterdir()) == ["keep.txt"]
-    line = _one_error_line(_cli("run", str(path), "--fresh", "--resume", "--no-progress"))
+    line = one_error_line(run_cli("run", str(path), "--fresh", "--resume", "--no-progress"))
     assert "exclude" in line
 
 
@@ -319,7 +296,7 @@ def test_fresh_asks_in_a_terminal(tmp_path: Path) -> None:
 
 
 def test_report_without_report_exits_2(tmp_path: Path) -> None:
-    line = _one_error_line(_cli("report", str(tmp_path)))
+    line = one_error_line(run_cli("report", str(tmp_path)))
     assert "no report yet" in line
 
 
@@ -327,21 +304,21 @@ def test_report_without_report_exits_2(tmp_path: Path) -> None:
     "args", [["--help"], ["run", "--help"], ["validate", "--help"], ["export", "--help"]]
 )
 def test_help(args: list[str]) -> None:
-    proc = _cli(*args)
+    proc = run_cli(*args)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("usage:")
     assert proc.stderr == ""
 
 
 def test_help_lists_commands() -> None:
-    out = _cli("--help").stdout
+    out = run_cli("--help").stdout
     for command in ("run", "validate", "model", "report", "export"):
         assert command in out
-    assert "--resume" in _cli("run", "--help").stdout
+    assert "--resume" in run_cli("run", "--help").stdout
 
 
 def test_no_command_is_a_usage_error() -> None:
-    proc = _cli()
+    proc = run_cli()
     assert proc.returncode == 2
     assert "usage:" in proc.stderr
     assert "Traceback" not in proc.stderr

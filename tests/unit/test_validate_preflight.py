@@ -10,14 +10,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import yaml
+from cli_process import one_error_line, run_cli
 
 from cascade.config import ChatConfig, ConfigError, load_cascade_config, preflight_problems
 
@@ -26,27 +25,6 @@ TEMPLATE = (
     "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
-
-
-def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "NO_COLOR": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "cascade.cli", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd or REPO,
-        env=env,
-        timeout=120,
-    )
-
-
-def _one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
-    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
-    assert "Traceback" not in proc.stderr
-    lines = proc.stderr.splitlines()
-    assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("error: "), lines[0]
-    return lines[0]
 
 
 def _model(tmp_path: Path, *, context: int | None = 256, template: bool = True) -> Path:
@@ -95,14 +73,14 @@ def test_a_budget_over_the_models_context_is_one_line_naming_the_field(tmp_path:
     data = _data(tmp_path, model, budget={"max_new_tokens": 200})
     data["domains"][0]["max_prompt_tokens"] = 64
     path = _write(tmp_path / "c.yaml", data)
-    line = _one_error_line(_cli("validate", str(path)))
+    line = one_error_line(run_cli("validate", str(path)))
     assert line == (
         f"error: {path}: stages.0.grpo.budget.max_new_tokens: 200 + prompt 64 exceeds the model's "
         f"context 256 ({model / 'config.json'} max_position_embeddings; the prompt from "
         "domains.0.max_prompt_tokens): lower it, or use a model with a longer context"
     )
     # the same check in `cascade run`, before any model is loaded (this one has no weights) or written
-    assert _one_error_line(_cli("run", str(path), "--no-progress")) == line
+    assert one_error_line(run_cli("run", str(path), "--no-progress")) == line
     assert not (tmp_path / "runs").exists()
 
 
@@ -152,12 +130,12 @@ def test_a_model_without_a_chat_template_is_refused_and_the_config_can_give_one(
     model = _model(tmp_path, template=False)
     data = _data(tmp_path, model)
     path = _write(tmp_path / "c.yaml", data)
-    line = _one_error_line(_cli("validate", str(path)))
+    line = one_error_line(run_cli("validate", str(path)))
     assert line.startswith(f"error: {path}: model.path: {model}'s tokenizer has no chat template")
     assert "chat.template_path" in line
     (tmp_path / "chat.jinja").write_text(TEMPLATE)
     data["chat"] = {"template_path": "chat.jinja"}  # relative: next to the config file
-    proc = _cli("validate", str(_write(tmp_path / "c.yaml", data)))
+    proc = run_cli("validate", str(_write(tmp_path / "c.yaml", data)))
     assert (proc.returncode, proc.stderr) == (0, ""), proc.stderr
     data["chat"] = {"template": TEMPLATE}
     assert preflight_problems(load_cascade_config(_write(tmp_path / "c.yaml", data))) == []
@@ -209,14 +187,14 @@ def test_an_output_dir_that_cannot_be_created_is_refused_before_anything_loads(t
     data = _data(tmp_path, _model(tmp_path))
     data["output_dir"] = str(tmp_path / "a-file" / "runs")
     path = _write(tmp_path / "c.yaml", data)
-    line = _one_error_line(_cli("validate", str(path)))
+    line = one_error_line(run_cli("validate", str(path)))
     assert line == (
         f"error: {path}: output_dir: {tmp_path / 'a-file' / 'runs'} cannot be created: "
         f"{tmp_path / 'a-file'} is not a directory"
     )
-    assert _one_error_line(_cli("run", str(path), "--no-progress")) == line
+    assert one_error_line(run_cli("run", str(path), "--no-progress")) == line
     # a --run-dir given on the command line is what the run writes: checked in its place
-    line = _one_error_line(_cli("run", str(path), "--run-dir", str(tmp_path / "a-file" / "r")))
+    line = one_error_line(run_cli("run", str(path), "--run-dir", str(tmp_path / "a-file" / "r")))
     assert line.endswith(
         f"--run-dir: {tmp_path / 'a-file' / 'r'} cannot be created: {tmp_path / 'a-file'} is not a directory"
     )
@@ -283,9 +261,9 @@ def test_relative_paths_are_taken_from_the_config_files_directory(tmp_path: Path
     assert cfg.model.path == model
     assert cfg.domains[0].prompts.train_path == tmp_path / "data" / "train.jsonl"  # type: ignore[union-attr]
     assert cfg.output_dir == tmp_path / "configs" / "runs"
-    proc = _cli("validate", str(path), cwd=elsewhere)  # from any working directory, the same files
+    proc = run_cli("validate", str(path), cwd=elsewhere)  # from any working directory, the same files
     assert (proc.returncode, proc.stderr) == (0, ""), proc.stderr
-    proc = _cli("validate", os.path.relpath(path, elsewhere), cwd=elsewhere)  # a CLI path: from the cwd
+    proc = run_cli("validate", os.path.relpath(path, elsewhere), cwd=elsewhere)  # a CLI path: from the cwd
     assert (proc.returncode, proc.stderr) == (0, ""), proc.stderr
 
 
