@@ -27,15 +27,22 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from cascade.config import PythonReward
-from cascade.domains import base
-from cascade.domains.base import INFRA_ERROR, NO_ANSWER, OK, WRONG_ANSWER, Problem, RewardVerdict
+from cascade.domains.base import (
+    INFRA_ERROR,
+    NO_ANSWER,
+    OK,
+    PARSE_ERROR,
+    RUNTIME_ERROR,
+    TIMEOUT,
+    TRUNCATED,
+    WRONG_ANSWER,
+    Problem,
+    RewardVerdict,
+)
 from cascade.domains.worker_pool import Outcome, WorkerPool, in_worker
 from cascade.model.chat import strip_thinking
 
-REASONS = frozenset(
-    getattr(base, name)
-    for name in ("OK", "WRONG_ANSWER", "NO_ANSWER", "PARSE_ERROR", "TIMEOUT", "RUNTIME_ERROR", "TRUNCATED")
-)
+REASONS = frozenset({OK, WRONG_ANSWER, NO_ANSWER, PARSE_ERROR, TIMEOUT, RUNTIME_ERROR, TRUNCATED})
 """Reasons a function may give its verdict (never `infra_error`: that is the platform's)."""
 
 _LOADED: dict[tuple[str, tuple[str, ...]], Callable[..., Any]] = {}

@@ -227,20 +227,15 @@ def _step_dirs(root: Path) -> list[Path]:
     return [p for _, p in sorted(found) if p.is_dir()]
 
 
-def _complete_checkpoints(root: Path) -> list[Path]:
-    """Finished checkpoints, oldest first: a directory named `step-NNNNNN` holding the runner's
+def finished_checkpoints(root: Path) -> list[Path]:
+    """Finished checkpoints, oldest first, unverified: a directory named `step-NNNNNN` holding the runner's
     state (a `.tmp` or staging directory is a write that was never put in place)."""
     return [p for p in _step_dirs(root) if (p / STATE_FILE).exists()]
 
 
-def finished_checkpoints(root: Path) -> list[Path]:
-    """The finished checkpoints under `root`, oldest first, unverified."""
-    return _complete_checkpoints(root)
-
-
 def latest_checkpoint(root: Path) -> Path | None:
     """The newest finished checkpoint, unverified (`newest_verified_checkpoint` to resume)."""
-    done = _complete_checkpoints(root)
+    done = finished_checkpoints(root)
     return done[-1] if done else None
 
 
@@ -249,7 +244,7 @@ def prune_checkpoints(root: Path, keep_last: int) -> None:
     when none of those kept does (NaN weights, a damaged file), the newest older one that does is
     kept too. Checked without the checksums (sizes, weights and optimizer state read back: what
     a checkpoint just written can be wrong in)."""
-    done = _complete_checkpoints(root)
+    done = finished_checkpoints(root)
     kept, old = done[-keep_last:], done[:-keep_last]
     if not old:
         return
