@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # The database the CPU profile's containers use (`make stack-up`): the host's PostgreSQL at
 # 127.0.0.1:5432, role and database `cascade`, the role's password POSTGRES_PASSWORD from
-# deploy/.env. Creates what is missing (idempotent); does nothing when deploy/.env or the
-# environment sets CASCADE_DB_URL (a database of your own).
+# deploy/.env. Creates what is missing and changes nothing that exists (an existing role keeps
+# its password: if it is not POSTGRES_PASSWORD, the API container says so when it cannot log
+# in); does nothing when deploy/.env or the environment sets CASCADE_DB_URL (your own database).
 set -euo pipefail
 
 env_file="${1:-deploy/.env}"
 value() {  # a variable from the environment, else from deploy/.env (last assignment wins)
     local name="$1"
     if [ -n "${!name:-}" ]; then printf '%s' "${!name}"; return; fi
-    [ -f "$env_file" ] && sed -n "s/^${name}=//p" "$env_file" | tail -n1 | sed -e 's/^"\(.*\)"$/\1/' -e "s/^'\(.*\)'$/\1/"
+    if [ -f "$env_file" ]; then
+        sed -n "s/^${name}=//p" "$env_file" | tail -n1 | sed -e 's/^"\(.*\)"$/\1/' -e "s/^'\(.*\)'$/\1/"
+    fi
 }
 
 if [ -n "$(value CASCADE_DB_URL)" ]; then
@@ -29,8 +32,6 @@ fi
 if [ "$("${admin[@]}" -c "SELECT 1 FROM pg_roles WHERE rolname = 'cascade'")" != "1" ]; then
     "${admin[@]}" -v pw="$password" <<<"CREATE ROLE cascade LOGIN PASSWORD :'pw';"
     echo "stack database: created role cascade"
-else
-    "${admin[@]}" -v pw="$password" <<<"ALTER ROLE cascade LOGIN PASSWORD :'pw';"
 fi
 if [ "$("${admin[@]}" -c "SELECT 1 FROM pg_database WHERE datname = 'cascade'")" != "1" ]; then
     "${admin[@]}" -c "CREATE DATABASE cascade OWNER cascade"
