@@ -9,7 +9,7 @@ TINY_AGENT := models/tiny-agent
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: vllm-env install demo demo-full ablation ablation-agent test test-properties lint docs services sandbox faketime chromium clean bench-trl
+.PHONY: vllm-env install demo demo-full demo-cascade2 ablation ablation-agent test test-properties lint docs services sandbox faketime chromium clean bench-trl
 
 $(STAMP): pyproject.toml $(shell find proto -name '*.proto')
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +50,11 @@ $(TINY_FULL)/config.json: | $(STAMP) sandbox
 
 demo-full: install sandbox $(TINY_FULL)/config.json
 	$(VENV)/bin/cascade run examples/full-cascade.yaml --resume
+
+# Nemotron-Cascade 2's order on the same model: IF-RL -> multi-domain RL -> MOPD -> RLHF ->
+# long-context RL -> code RL -> SWE RL.
+demo-cascade2: install sandbox $(TINY_FULL)/config.json
+	$(VENV)/bin/cascade run examples/cascade2.yaml --resume
 
 # math -> code -> agent on a model SFT'd on math, code and tool-call traces (single-token tool
 # markers); the agent stage with and without distillation, same seed, and the regression table

@@ -1,9 +1,11 @@
 """Run under `torchrun --nproc-per-node 2` by tests/integration/test_sharded_learner.py.
 
 Rank 0 drives a `ShardedTrainer` (the other rank follows it) and, in the same process, a
-`LocalTrainer` on the same batches: three updates with RL (advantages, a KL reference) plus a
-distillation term (sampled, then top-k, then full), then the two resharding directions through
-checkpoints (2 ranks -> 1 and 1 -> 2). Writes the largest differences to the JSON file named by
+`LocalTrainer` on the same batches: three updates with RL (advantages, a KL reference, the
+engine's log-probs with the behaviour correction `masked`, off, then `tis`: the mismatch metrics,
+a maximum among them, over ranks) plus a distillation term (sampled, then top-k, then full),
+then the two resharding directions through checkpoints (2 ranks -> 1 and 1 -> 2, the second
+with `seq_mask`). Writes the largest differences to the JSON file named by
 argv[3]; the test asserts on them.
 
 With a fourth argument `micro`, every sharded update runs in micro-batches of a few sequences
@@ -42,11 +44,21 @@ MICRO = len(sys.argv) > 4 and sys.argv[4] == "micro"
 CUT = MicroBatching(tokens=30, logits_chunk_bytes=4 * 384 * 6)
 
 
-def stage(loss: str) -> StageConfig:
+CORRECTION = {0: "masked", 2: "tis", 4: "seq_mask"}
+"""The behaviour correction of each step (off elsewhere: the odd steps are stale, the engine's
+log-probs the ratio's old policy)."""
+
+
+def stage(loss: str, correction: str = "off") -> StageConfig:
     return StageConfig.model_validate(
         {
             "domain": "math",
-            "grpo": {"kl_coef": 0.05, "learning_rate": 1e-4, "max_grad_norm": 0.5},
+            "grpo": {
+                "kl_coef": 0.05,
+                "learning_rate": 1e-4,
+                "max_grad_norm": 0.5,
+                "behaviour_correction": {"mode": correction, "seq_threshold": 1.5},
+            },
             "distill": {"loss": loss, "topk": 6, "temperature": 0.9},
         }
     )
@@ -66,6 +78,8 @@ def plan(step: int) -> RlPlan:
             groups.append(gid)
     adv = torch.randn(len(groups), generator=g).tolist()
     old = [(-torch.rand(len(c), generator=g) * 4).tolist() for c in rows_completion]
+    # the engine's: within a nat of the random tiny model's (about -5.9), ratios both sides of [0.5, 2]
+    engine = [(-5.9 + torch.rand(len(c), generator=g) * 2 - 1).tolist() for c in rows_completion]
     return RlPlan(
         metrics={"reward_mean": 0.5},
         prompt_ids=rows_prompt,
@@ -75,6 +89,7 @@ def plan(step: int) -> RlPlan:
         old_logprobs=old if step % 2 else None,
         temperature=1.0,
         global_rows=len(groups),
+        behaviour_logprobs=engine,
     )
 
 
@@ -94,7 +109,12 @@ def distill_data(teacher: Any, step: int, loss: str) -> list[DistillData]:
 def request(step: int, reference: Path) -> UpdateRequest:
     loss = LOSSES[step % 3]
     return UpdateRequest(
-        rl=plan(step), stage=stage(loss), stage_step=step, lr=1e-4, pad_id=0, reference=reference
+        rl=plan(step),
+        stage=stage(loss, CORRECTION.get(step, "off")),
+        stage_step=step,
+        lr=1e-4,
+        pad_id=0,
+        reference=reference,
     )
 
 

@@ -5,6 +5,7 @@ the embedded runner and the distributed learner compute exactly the same thing.
 """
 
 from cascade.algo.advantages import group_advantages, zero_variance_mask
+from cascade.algo.behaviour import BehaviourSettings, BehaviourWeights, behaviour_weights
 from cascade.algo.distill import (
     DistillLossOutput,
     FullDistillInput,
@@ -22,6 +23,9 @@ from cascade.algo.grpo import GrpoLossInput, GrpoLossOutput, GrpoNorms, grpo_los
 from cascade.algo.schedules import schedule_value, token_budget, warmup_lr_factor
 
 __all__ = [
+    "BehaviourSettings",
+    "BehaviourWeights",
+    "behaviour_weights",
     "DistillLossOutput",
     "FullDistillInput",
     "GrpoLossInput",

@@ -218,7 +218,10 @@ def sampled_distill_loss(inp: SampledDistillInput) -> DistillLossOutput:
 
     Kept tokens: counted by `mask` and with `min_weight <= w_t <= max_weight`.
     Metrics: `reverse_kl` (mean `lp_student - lp_teacher` over all counted tokens, kept or not),
-    `kept_fraction` (kept / counted), `n_tokens` (counted).
+    `overlap` (the teacher's probability of the student's token, averaged over counted tokens: how
+    much of the teacher's mass lies on what the student samples; near 0, the student is off the
+    teacher's support and the per-token advantages are large and noisy), `kept_fraction` (kept /
+    counted), `n_tokens` (counted).
     """
     m = token_mask(inp.mask, inp.student_logprobs.shape)
     student = keep(inp.student_logprobs, m)
@@ -230,6 +233,7 @@ def sampled_distill_loss(inp: SampledDistillInput) -> DistillLossOutput:
         weight = torch.exp(student.detach() - rollout)
     kept = m & (weight >= inp.min_weight) & (weight <= inp.max_weight)
     advantage = (teacher - student).detach()
+    teacher_prob = keep(teacher.exp(), m)
     loss = masked_token_mean(-(weight * advantage) * student, kept, inp.reduce, inp.step_kept)
 
     total = inp.reduce or (lambda x: x)
@@ -240,6 +244,7 @@ def sampled_distill_loss(inp: SampledDistillInput) -> DistillLossOutput:
             loss=loss,
             metrics={
                 "reverse_kl": float(keep(-advantage, m).sum()) / n,
+                "overlap": float(teacher_prob.sum()) / n,
                 "kept_fraction": float(kept.sum()) / n,
                 "n_tokens": float(n_tokens),
             },
@@ -249,6 +254,7 @@ def sampled_distill_loss(inp: SampledDistillInput) -> DistillLossOutput:
         loss=loss,
         metrics={
             "reverse_kl": reverse_kl,
+            "overlap": float(total(teacher_prob.sum()).item()) / max(n_tokens, 1),
             "kept_fraction": float(total(kept.sum()).item()) / max(n_tokens, 1),
             "n_tokens": float(n_tokens),
         },

@@ -11,6 +11,14 @@ Why each choice (docs/algorithm.md, "The GRPO loss"):
   `sequence` aggregation averages each sequence's tokens, then the sequences.
 - Masked positions (prompt, padding, dropped samples) are replaced before any arithmetic, so
   whatever they hold changes neither the loss nor the gradients.
+- Behaviour-policy correction (`behaviour`, off by default; `cascade.algo.behaviour`): the ratio
+  is taken against the learner's own detached log-probs (the proximal policy: with one optimizer
+  step per batch, the current weights), so it is 1 and the clip the learner's own, and each
+  token's policy-gradient term is multiplied by the detached behaviour weight
+  `w = f(pi_learner / pi_engine)`. A dropped token (`w = 0`) leaves the loss (its k3 term too),
+  but not the normalisers: a group's token mean still divides by all of its counted tokens, so
+  dropping a token is weighting it 0 (the loss's scale does not jump with the share dropped, and
+  a micro-batch's part needs no count known only after every forward).
 """
 
 from __future__ import annotations
@@ -21,9 +29,13 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from cascade.algo.masking import SumOverRanks, keep, token_mask
+from cascade.algo.behaviour import BehaviourSettings, BehaviourWeights, behaviour_weights
+from cascade.algo.masking import MaxOverRanks, SumOverRanks, keep, token_mask
 
 Aggregation = Literal["token", "sequence"]
+
+MAX_METRICS: frozenset[str] = frozenset({"mismatch_max"})
+"""The metrics that are maxima, not parts of a sum: over micro-batches and ranks, take the max."""
 
 
 @dataclass(frozen=True)
@@ -79,8 +91,15 @@ class GrpoLossInput:
     advantages:    [B]    one advantage per sequence (see `group_advantages`).
     mask:          [B, T] 1/True for tokens that count; prompt, padding, dropped samples 0.
     group_ids:     [B]    long, which prompt group each row belongs to (any integer labels).
-    old_logprobs:  [B, T] behaviour-policy log-probs from the rollout engine; None = on-policy.
+    old_logprobs:  [B, T] behaviour-policy log-probs from the rollout engine, the ratio's old
+                   policy; None = on-policy. None whenever `behaviour` is on (the ratio's old
+                   policy is then the learner's own, `behaviour_logprobs` the engine's).
     ref_logprobs:  [B, T] frozen reference log-probs for the k3 penalty; None = no reference.
+    behaviour_logprobs: [B, T] the rollout engine's log-probs of the tokens, for the behaviour
+                   correction (needed when `behaviour` is on) and the mismatch metrics (reported
+                   whenever given, correction on or off; with it off they change nothing else).
+    behaviour:     the correction's mode and bounds (`cascade.algo.behaviour`); off by default.
+    reduce_max:    with `reduce`, the maximum over ranks (the `mismatch_max` metric).
     norms:         the step's normalisers for these rows (`grpo_normalisers`): the loss and
                    every metric are then this micro-batch's part of the step's (they add up
                    over the micro-batches, and over ranks); None = the rows are the whole step
@@ -99,20 +118,23 @@ class GrpoLossInput:
     kl_coef: float = 0.0
     reduce: SumOverRanks | None = None
     norms: GrpoNorms | None = None
+    behaviour_logprobs: Tensor | None = None
+    behaviour: BehaviourSettings = BehaviourSettings()
+    reduce_max: MaxOverRanks | None = None
 
     def __post_init__(self) -> None:
         if self.logprobs.dim() != 2:
             raise ValueError(f"logprobs must be [B, T], got shape {tuple(self.logprobs.shape)}")
         b, t = self.logprobs.shape
         if self.norms is not None:
-            if self.reduce is not None:
+            if self.reduce is not None or self.reduce_max is not None:
                 raise ValueError("norms are already global: give norms or reduce, not both")
             if tuple(self.norms.unit_tokens.shape) != (b,):
                 raise ValueError(
                     f"norms.unit_tokens has shape {tuple(self.norms.unit_tokens.shape)}, expected {(b,)}"
                 )
         token_mask(self.mask, (b, t))
-        for name in ("old_logprobs", "ref_logprobs"):
+        for name in ("old_logprobs", "ref_logprobs", "behaviour_logprobs"):
             value = getattr(self, name)
             if value is not None and tuple(value.shape) != (b, t):
                 raise ValueError(f"{name} has shape {tuple(value.shape)}, expected {(b, t)}")
@@ -128,6 +150,15 @@ class GrpoLossInput:
             raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef}")
         if self.kl_coef > 0 and self.ref_logprobs is None:
             raise ValueError("kl_coef > 0 needs ref_logprobs")
+        if self.behaviour.on and self.behaviour_logprobs is None:
+            raise ValueError(f"behaviour correction {self.behaviour.mode!r} needs behaviour_logprobs")
+        if self.behaviour.on and self.old_logprobs is not None:
+            raise ValueError(
+                "with behaviour correction on the ratio's old policy is the learner's own: "
+                "give the engine's log-probs as behaviour_logprobs, not old_logprobs"
+            )
+        if self.reduce is not None and self.behaviour_logprobs is not None and self.reduce_max is None:
+            raise ValueError("the mismatch metrics over ranks need reduce_max beside reduce")
 
 
 @dataclass(frozen=True)
@@ -136,7 +167,12 @@ class GrpoLossOutput:
 
     Metric keys: `pg_loss` (the clipped policy term alone), `clip_fraction` (share of counted
     tokens whose clipped branch is active, i.e. zero gradient), `ratio_mean`, `n_tokens`, and
-    `kl` (mean k3 per counted token) when a reference is given.
+    `kl` (mean k3 per counted token) when a reference is given. With behaviour log-probs:
+    `mismatch_mean` (mean `|logp - behaviour_logp|` per counted token), `mismatch_max` (its
+    largest; a maximum over micro-batches and ranks, `MAX_METRICS`), `mismatch_out_frac` (share
+    of counted tokens whose ratio is outside `[low, high]`), `behaviour_dropped_frac` (share of
+    counted tokens dropped), and with the correction on `behaviour_weight_mean` (mean weight per
+    counted token, dropped ones 0).
     """
 
     loss: Tensor
@@ -186,10 +222,15 @@ def grpo_loss(inp: GrpoLossInput) -> GrpoLossOutput:
     """Clipped GRPO loss (+ optional k3 penalty), aggregated as `inp.aggregation` says.
 
     Per counted token: `-min(ratio * A, clip(ratio, 1 - eps_low, 1 + eps_high) * A)
-    + kl_coef * k3`, with `ratio = exp(logp - old_logp)`.
+    + kl_coef * k3`, with `ratio = exp(logp - old_logp)`. With the behaviour correction on, the
+    first term is multiplied by the token's detached weight `w` and `old_logp` is `logp`
+    detached; a dropped token counts nothing.
     """
     m = token_mask(inp.mask, inp.logprobs.shape)
     logp = keep(inp.logprobs, m)
+    bw = None
+    if inp.behaviour_logprobs is not None:
+        bw = behaviour_weights(inp.logprobs, inp.behaviour_logprobs, m, inp.behaviour)
     if inp.old_logprobs is None:
         old = logp.detach()
     else:
@@ -203,7 +244,12 @@ def grpo_loss(inp: GrpoLossInput) -> GrpoLossOutput:
     )
     # `where` (not `minimum`) so the gradient goes wholly to the branch that is chosen.
     surrogate = torch.where(clip_active, clipped_ratio * adv, ratio * adv)
-    pg_token = keep(-surrogate, m)
+    corrected = bw is not None and inp.behaviour.on
+    in_loss = m  # the counted tokens that the loss keeps (with the correction on, not the dropped)
+    if bw is not None and corrected:
+        surrogate = surrogate * bw.weight.to(surrogate.dtype)
+        in_loss = bw.kept
+    pg_token = keep(-surrogate, in_loss)
     per_token = pg_token
 
     total = inp.reduce or (lambda t: t)
@@ -220,14 +266,44 @@ def grpo_loss(inp: GrpoLossInput) -> GrpoLossOutput:
         kl_token = keep(k3_kl(logp, ref), m)
         metrics["kl"] = float(total(kl_token.detach().sum()).item()) / denom
         if inp.kl_coef > 0:
-            per_token = per_token + inp.kl_coef * kl_token
+            per_token = per_token + inp.kl_coef * (keep(kl_token, in_loss) if corrected else kl_token)
 
     if inp.norms is not None:
-        return _part_of_step(per_token, pg_token, m, clip_active, ratio, kl_token, inp.norms)
+        return _part_of_step(
+            per_token, pg_token, m, clip_active, ratio, kl_token, inp.norms, bw, inp.behaviour
+        )
     loss = _aggregate(per_token, m, inp.group_ids, inp.aggregation, inp.reduce)
     pg = _aggregate(pg_token.detach(), m, inp.group_ids, inp.aggregation, inp.reduce)
     metrics["pg_loss"] = float(total(pg).item())
+    if bw is not None:
+        metrics.update(_behaviour_metrics(bw, inp.behaviour, float(denom), total, inp.reduce_max))
     return GrpoLossOutput(loss=loss, metrics=metrics)
+
+
+def _behaviour_metrics(
+    bw: BehaviourWeights,
+    settings: BehaviourSettings,
+    n: float,
+    total: SumOverRanks,
+    maximum: MaxOverRanks | None,
+) -> dict[str, float]:
+    """The mismatch metrics over `n` counted tokens: the sums through `total` (in one call), the
+    maximum through `maximum` (none: these rows are all there is, or a part whose maximum is
+    taken over the parts by the caller)."""
+    parts = [bw.abs_diff_sum, bw.out_of_range, bw.dropped]
+    if settings.on:
+        parts.append(bw.weight.sum())
+    sums = total(torch.stack(parts)).tolist()
+    top = bw.abs_diff_max if maximum is None else maximum(bw.abs_diff_max)
+    out = {
+        "mismatch_mean": sums[0] / n,
+        "mismatch_max": float(top),
+        "mismatch_out_frac": sums[1] / n,
+        "behaviour_dropped_frac": sums[2] / n,
+    }
+    if settings.on:
+        out["behaviour_weight_mean"] = sums[3] / n
+    return out
 
 
 def _part_of_step(
@@ -238,11 +314,14 @@ def _part_of_step(
     ratio: Tensor,
     kl_token: Tensor | None,
     norms: GrpoNorms,
+    bw: BehaviourWeights | None,
+    settings: BehaviourSettings,
 ) -> GrpoLossOutput:
     """These rows' part of the step's loss and metrics: each row's token sum over its unit's
     step-wide token count, over the step's unit count (`_aggregate`'s arithmetic, with the
     denominators taken from the whole step). Every metric is a part too, `n_tokens` these rows'
-    count: all of them add up over micro-batches and ranks."""
+    count: all of them add up over micro-batches and ranks, but `MAX_METRICS`, these rows' maximum
+    (the step's is the maximum of the parts)."""
     has = norms.unit_tokens > 0
     scale = torch.where(has, 1.0 / norms.unit_tokens.clamp(min=1), torch.zeros_like(norms.unit_tokens))
     scale = (scale / norms.n_units.clamp(min=1)).to(per_token.dtype)  # [B]
@@ -256,4 +335,6 @@ def _part_of_step(
     }
     if kl_token is not None:
         metrics["kl"] = float(kl_token.detach().sum()) / n
+    if bw is not None:
+        metrics.update(_behaviour_metrics(bw, settings, n, lambda t: t, None))
     return GrpoLossOutput(loss=loss, metrics=metrics)

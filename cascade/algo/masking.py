@@ -18,6 +18,10 @@ SumOverRanks = Callable[[Tensor], Tensor]
 one rank's share, it makes every count and mean global, so that N ranks compute the update one
 process would on the whole batch. None: this process holds the whole batch."""
 
+MaxOverRanks = Callable[[Tensor], Tensor]
+"""The elementwise maximum of a tensor over the data-parallel ranks (an all-reduce), for the few
+metrics that are maxima (`SumOverRanks`'s companion). None: this process holds the whole batch."""
+
 
 def token_mask(mask: Tensor, shape: torch.Size | tuple[int, ...], name: str = "mask") -> Tensor:
     """Bool version of `mask` ([B, T], 0/1 or bool; non-zero counts), checked against `shape`."""

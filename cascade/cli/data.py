@@ -98,7 +98,7 @@ def _inspect_domain(cfg: Any, domain: Any, args: argparse.Namespace, render: Any
     verdicts = (
         _gold_verdicts(domain, shown) if not args.no_verify else ["not checked (--no-verify)"] * len(shown)
     )
-    thinking = any(s.grpo.thinking for s in cfg.stages if s.domain == domain.name)
+    thinking = any(s.grpo.thinking for s in cfg.stages if domain.name in s.mix)
     for problem, verdict in zip(shown, verdicts, strict=True):
         print(f"\n-- {problem.id} ({args.split})")
         print(render(problem.prompt, thinking).rstrip())

@@ -68,9 +68,21 @@ class CascadeConfig(StrictModel):
         for i, stage in enumerate(self.stages):
             if stage.domain not in names:
                 raise ValueError(f"stages.{i}.domain {stage.domain!r} is not in domains {names}")
+            earlier = {d for s in self.stages[:i] for d in s.mix}
+            for name in stage.domains:
+                if name not in names:
+                    raise ValueError(f"stages.{i}.domains: {name!r} is not in domains {names}")
+                if stage.kind == "mopd" and name not in earlier:
+                    raise ValueError(
+                        f"stages.{i}.domains: {name!r} is not trained in an earlier stage (an mopd "
+                        "stage distills each domain from its best checkpoint)"
+                    )
+            guarded = stage.gate.domains
+            for name in guarded if isinstance(guarded, list) else ():
+                if name not in earlier:
+                    raise ValueError(f"stages.{i}.gate.domains: {name!r} is not trained in an earlier stage")
             teachers = stage.distill.teachers
             if isinstance(teachers, list):
-                earlier = {s.domain for s in self.stages[:i]}
                 for t in teachers:
                     if t not in earlier:
                         raise ValueError(
@@ -101,18 +113,37 @@ class CascadeConfig(StrictModel):
                 return d
         raise KeyError(name)
 
+    def guarded_by_gate(self, stage_index: int) -> list[str]:
+        """The earlier domains the stage's regression gate watches (none when it is off)."""
+        return self.gate_domains(stage_index) if self.stages[stage_index].gate.enabled else []
+
+    def gate_domains(self, stage_index: int) -> list[str]:
+        """The earlier domains named by the stage's `gate.domains` (the drift warning's too)."""
+        stage = self.stages[stage_index]
+        if isinstance(stage.gate.domains, list):
+            return list(stage.gate.domains)
+        earlier: list[str] = []
+        for s in self.stages[:stage_index]:
+            earlier += [d for d in s.mix if d not in earlier and d not in stage.mix]
+        return earlier
+
     def teachers_for(self, stage_index: int) -> list[str]:
-        """Teacher domains for a stage: earlier stages' domains, without its own."""
+        """Teacher domains for a stage: earlier stages' domains, without its own (an mopd
+        stage's teachers are its domains, each its own domain's best checkpoint)."""
         stage = self.stages[stage_index]
         if not stage.distill.enabled:
             return []
+        if stage.kind == "mopd":
+            return list(stage.mix)
+        own = stage.mix
         if stage.distill.teachers == "earlier":
             seen: list[str] = []
             for s in self.stages[:stage_index]:
-                if s.domain != stage.domain and s.domain not in seen:
-                    seen.append(s.domain)
+                for d in s.mix:
+                    if d not in own and d not in seen:
+                        seen.append(d)
             return seen
-        return [t for t in stage.distill.teachers if t != stage.domain]
+        return [t for t in stage.distill.teachers if t not in own]
 
 
 def with_learner_device(cfg: CascadeConfig, device: str | None) -> CascadeConfig:

@@ -3,13 +3,36 @@ and the eval and advance rule (`cascade.config.evaluation`)."""
 
 from __future__ import annotations
 
-from typing import Literal
+import math
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from cascade.config.base import DomainName, StrictModel
 from cascade.config.evaluation import AdvanceRule, EvalConfig
 from cascade.config.schedules import ConstantSchedule, Schedule, TokenBudget
+
+
+class BehaviourCorrection(StrictModel):
+    """Correcting the GRPO term for the rollout engine's log-probs not being the learner's
+    (docs/algorithm.md, "Behaviour-policy correction"). Each counted token gets a weight from
+    `ratio = pi_learner / pi_engine`; the PPO ratio is then taken against the learner's own
+    log-probs. The mismatch metrics (`grpo_mismatch_*`) are logged whatever the mode."""
+
+    mode: Literal["off", "tis", "masked", "seq_mask"] = "off"
+    """`off`: no correction (the engine's log-probs are the ratio's old policy when stale, as
+    always); `tis`: truncated importance sampling, weight `min(ratio, high)`; `masked` (IcePop):
+    weight `ratio` inside `[low, high]`, tokens outside dropped; `seq_mask`: sequences whose
+    summed log-ratio exceeds `seq_threshold` in size dropped whole, the rest `min(ratio, high)`."""
+    low: float = Field(0.5, gt=0, le=1)
+    """Lower ratio bound: `masked` drops tokens below it; every mode counts the tokens outside
+    `[low, high]` (`grpo_mismatch_out_frac`)."""
+    high: float = Field(2.0, ge=1)
+    """Upper ratio bound: `tis` and `seq_mask` truncate the weight at it, `masked` drops tokens
+    above it."""
+    seq_threshold: float = Field(2.0, gt=0)
+    """`seq_mask`: the largest `|sum over a sequence's counted tokens of (log p_learner -
+    log p_engine)|` a sequence may have and stay in the loss."""
 
 
 class GrpoConfig(StrictModel):
@@ -41,6 +64,9 @@ class GrpoConfig(StrictModel):
     trains on. Such samples never count (advantage 0, out of their group's statistics), but a
     step past this bound learns from a biased remnant: it raises `VerifierFailureError` and the
     stage fails with the main causes. 1 never stops; 0 stops at the first failure."""
+    behaviour_correction: BehaviourCorrection = BehaviourCorrection()
+    """Weighting each token by how the learner's log-prob compares with the rollout engine's
+    (`mode: off`, the default, leaves the loss as it is and only logs the mismatch)."""
 
 
 class FilterConfig(StrictModel):
@@ -73,15 +99,99 @@ class DistillConfig(StrictModel):
     """Per-teacher weight w_d (default 1.0)."""
 
 
+class RegressionGate(StrictModel):
+    """The loop closed: when an earlier domain has fallen below its best checkpoint by more than
+    the eval's noise, the stage does not advance; an MOPD phase distils the fallen domains from
+    their best checkpoints until they recover (or `max_steps`), then the cascade goes on."""
+
+    enabled: bool = False
+    check: Literal["stage_end", "every_eval"] = "stage_end"
+    """When to test: at the stage's end only, or at every eval of the stage."""
+    domains: list[DomainName] | Literal["earlier"] = "earlier"
+    """The domains guarded: every domain trained in an earlier stage, or a list of them."""
+    max_steps: int = Field(20, ge=1)
+    """The bound on one inserted phase's steps (it ends sooner when every fallen domain is back)."""
+    eval_every: int = Field(5, ge=1)
+    """Phase steps between the evals that decide whether the fallen domains are back."""
+    drift_every: int = Field(0, ge=0)
+    """The cheap early warning: every `drift_every` stage steps, the KL between the policy and
+    the stage-start policy on a fixed set of earlier domains' prompts (`drift_kl/<domain>`);
+    0 = off."""
+    drift_prompts: int = Field(4, ge=1)
+    """Prompts per earlier domain in that fixed set."""
+
+
+StageKind = Literal["rl", "mopd"]
+MOPD_NEEDS_DOMAINS = "kind mopd: list the domains distilled (domains: {<domain>: <share>, ...})"
+
+
 class StageConfig(StrictModel):
+    """One stage of the cascade.
+
+    `kind: rl` (the default) trains by GRPO on one domain (`domain`) or on several at once
+    (`domains`, each with its share of a step's prompts: a multi-domain RL stage), with
+    distillation from earlier stages' teachers as `distill` says. `kind: mopd` is multi-domain
+    on-policy distillation alone (Nemotron-Cascade 2): no outcome reward; a step's prompts are
+    drawn from `domains` by their shares and each sample is distilled from its own domain's best
+    checkpoint (`distill.loss`, `distill.samples_per_prompt` rollouts per prompt)."""
+
     name: str | None = None
+    kind: StageKind = "rl"
     domain: DomainName
+    """The stage's domain; with `domains`, the first of them (the `{domain}` of `advance.metric`)."""
+    domains: dict[DomainName, float] = Field(default_factory=dict)
+    """Several domains trained in one step, each with its share of `grpo.prompts_per_step`
+    (shares are relative: `{math: 2, code: 1}` is two thirds math). A group never mixes domains:
+    each prompt's group is scored by its own verifier and normalised on its own."""
     grpo: GrpoConfig = GrpoConfig()
     filter: FilterConfig = FilterConfig()
     distill: DistillConfig = DistillConfig()
     advance: AdvanceRule = AdvanceRule()
     eval: EvalConfig = EvalConfig()
+    gate: RegressionGate = RegressionGate()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _domain_from_mix(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("kind") == "mopd" and not data.get("domains"):
+            raise ValueError(MOPD_NEEDS_DOMAINS)
+        if isinstance(data, dict) and isinstance(data.get("domains"), dict) and data["domains"]:
+            first = next(iter(data["domains"]))
+            if data.get("domain") is None:
+                data = {**data, "domain": first}
+            elif data["domain"] != first:
+                raise ValueError(
+                    f"domain {data['domain']!r} with domains {list(data['domains'])}: give one of "
+                    "them (a stage with domains has the first of them as its domain)"
+                )
+        return data
+
+    @model_validator(mode="after")
+    def _check_mix(self) -> StageConfig:
+        for name, share in self.domains.items():
+            if not (share > 0 and math.isfinite(share)):
+                raise ValueError(f"domains.{name}: a share must be a finite number > 0, got {share}")
+        if self.kind == "mopd" and not self.domains:
+            raise ValueError(MOPD_NEEDS_DOMAINS)
+        if self.kind == "mopd" and not self.distill.enabled:
+            raise ValueError("kind mopd: distillation is the whole stage (distill.enabled must be true)")
+        if len(self.domain_label) > 64:
+            raise ValueError(f"domains: {self.domain_label!r} is longer than the store's 64 characters")
+        return self
 
     @property
     def label(self) -> str:
-        return self.name or self.domain
+        return self.name or self.domain_label
+
+    @property
+    def mix(self) -> dict[str, float]:
+        """Each domain of the stage with its share of a step's prompts (shares sum to 1)."""
+        if not self.domains:
+            return {self.domain: 1.0}
+        total = sum(self.domains.values())
+        return {d: s / total for d, s in self.domains.items()}
+
+    @property
+    def domain_label(self) -> str:
+        """The stage's domain as the store and the report show it (`math+code` for a mix)."""
+        return "+".join(self.mix)

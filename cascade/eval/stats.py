@@ -85,7 +85,11 @@ def bootstrap_interval(
 
 
 def ratio_interval(
-    numerators: Sequence[float], denominators: Sequence[float], *, seed: int, level: float = 0.95,
+    numerators: Sequence[float],
+    denominators: Sequence[float],
+    *,
+    seed: int,
+    level: float = 0.95,
     resamples: int = 2000,
 ) -> Interval:
     """Percentile bootstrap interval of `sum(numerators) / sum(denominators)`, resampling the

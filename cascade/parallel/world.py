@@ -1,4 +1,5 @@
-"""Which rank this process is, of how many, and the one collective the losses need.
+"""Which rank this process is, of how many, and the collectives the losses need (a sum, and a
+maximum for the metrics that are maxima).
 
 A learner launched by `torchrun` finds `RANK`, `WORLD_SIZE` and `LOCAL_RANK` in its
 environment; anything else is a world of one, with no process group and nothing to reduce.
@@ -39,6 +40,15 @@ class World:
             return t
         out = t.detach().clone()
         dist.all_reduce(out, op=dist.ReduceOp.SUM)
+        return out
+
+    def max(self, t: torch.Tensor) -> torch.Tensor:
+        """`t`'s elementwise maximum over every rank (`cascade.algo.masking.MaxOverRanks`); not
+        differentiable, used for metrics only."""
+        if not self.sharded:
+            return t
+        out = t.detach().clone()
+        dist.all_reduce(out, op=dist.ReduceOp.MAX)
         return out
 
     def place(self, accel: Accel) -> Accel:

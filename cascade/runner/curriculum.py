@@ -74,6 +74,9 @@ class TeacherEntry:
     path: str
     score: float
     step: int
+    low: float | None = None
+    high: float | None = None
+    """The score's interval (None: not known, e.g. a run saved before intervals were kept)."""
 
 
 class TeacherRegistry:
@@ -82,7 +85,14 @@ class TeacherRegistry:
     def __init__(self) -> None:
         self._best: dict[str, TeacherEntry] = {}
 
-    def offer(self, domain: str, score: float, step: int, path: str | Path) -> bool:
+    def offer(
+        self,
+        domain: str,
+        score: float,
+        step: int,
+        path: str | Path,
+        interval: tuple[float, float] | None = None,
+    ) -> bool:
         """Consider a checkpoint; True if it becomes the domain's teacher (strictly better).
 
         A NaN score is never accepted.
@@ -93,7 +103,8 @@ class TeacherRegistry:
         current = self._best.get(domain)
         if current is not None and not score > current.score:
             return False
-        self._best[domain] = TeacherEntry(path=str(path), score=score, step=int(step))
+        low, high = interval if interval is not None else (None, None)
+        self._best[domain] = TeacherEntry(path=str(path), score=score, step=int(step), low=low, high=high)
         return True
 
     def teacher(self, domain: str) -> TeacherEntry | None:
@@ -109,6 +120,12 @@ class TeacherRegistry:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._best = {
-            str(d): TeacherEntry(path=str(e["path"]), score=float(e["score"]), step=int(e["step"]))
+            str(d): TeacherEntry(
+                path=str(e["path"]),
+                score=float(e["score"]),
+                step=int(e["step"]),
+                low=None if e.get("low") is None else float(e["low"]),
+                high=None if e.get("high") is None else float(e["high"]),
+            )
             for d, e in state["teachers"].items()
         }

@@ -1,6 +1,8 @@
 """Frozen copies of the policy (teachers, KL references), loaded once and reloaded only when
 the checkpoint behind a name changes (a domain's teacher is replaced by a better checkpoint).
-They live on the learner's device, in the dtype its precision policy gives frozen models."""
+Names whose checkpoints are one directory share one model: several domains whose best checkpoint
+is the same step (a multi-domain stage) cost one copy in memory. They live on the learner's
+device, in the dtype its precision policy gives frozen models."""
 
 from __future__ import annotations
 
@@ -16,11 +18,16 @@ class FrozenModelCache:
     def __init__(self, dtype: str, device: torch.device | str = "cpu") -> None:
         self.dtype = dtype
         self.device = device
-        self._models: dict[str, tuple[str, PreTrainedModel]] = {}
+        self._paths: dict[str, str] = {}
+        self._models: dict[str, PreTrainedModel] = {}
+        self.loads = 0
 
     def get(self, name: str, path: str | Path) -> PreTrainedModel:
-        cached = self._models.get(name)
-        if cached is None or cached[0] != str(path):
-            cached = (str(path), load_model_weights_only(path, self.dtype, str(self.device)))
-            self._models[name] = cached
-        return cached[1]
+        key = str(Path(path).resolve())
+        self._paths[name] = key
+        if key not in self._models:
+            self._models[key] = load_model_weights_only(path, self.dtype, str(self.device))
+            self.loads += 1
+        for unused in set(self._models) - set(self._paths.values()):  # replaced checkpoints
+            del self._models[unused]
+        return self._models[key]

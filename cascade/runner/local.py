@@ -90,6 +90,7 @@ class LocalRollouts:
 
 class LocalTeachers:
     in_learner = True
+
     def __init__(
         self, dtype: str, device: torch.device | str = "cpu", batching: MicroBatching | None = None
     ) -> None:

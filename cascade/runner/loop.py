@@ -32,13 +32,16 @@ from sqlalchemy.exc import ArgumentError, OperationalError
 from cascade.accel import resolve_learner
 from cascade.algo import PromptPassRateFilter, token_budget, warmup_lr_factor
 from cascade.config import CascadeConfig, StageConfig, parse_watched_metric
+from cascade.config.schedules import ConstantSchedule
 from cascade.domains import load_problems, make_domain
 from cascade.domains.agent import prompt_tools
 from cascade.domains.base import Domain, NeedsPreparing, Problem
+from cascade.engine.batch import SequenceBatch
 from cascade.engine.microbatch import MicroBatching
 from cascade.eval.evaluate import evaluate_domain
 from cascade.eval.results import DomainEval
 from cascade.model.chat import completion_decoder, encode_prompts, token_encoder
+from cascade.model.loading import Policy
 from cascade.parallel.world import World
 from cascade.resilience import resilience_metrics
 from cascade.rollout.requests import PromptRequest, RolloutBatch, merge_chunks, request_seed
@@ -51,12 +54,16 @@ from cascade.runner.checkpoint import (
 )
 from cascade.runner.curriculum import AdvanceTracker, TeacherRegistry
 from cascade.runner.distill import DistillData, DistillJob, fetch_distill
+from cascade.runner.domain_mix import per_domain_metrics, prompt_counts
+from cascade.runner.drift import drift_kl, drift_probe
 from cascade.runner.fresh import check_is_run_dir, check_not_held, check_not_nested, move_aside
+from cascade.runner.frozen_models import FrozenModelCache
+from cascade.runner.gate import fallen_domains
 from cascade.runner.lease import LeaseKeeper
 from cascade.runner.planning import distill_seed, plan_requests
 from cascade.runner.progress import RunProgress
 from cascade.runner.record import RunRecord, read_record, write_record
-from cascade.runner.rl import VerifierFailureError, plan_rl
+from cascade.runner.rl import RlPlan, VerifierFailureError, plan_rl
 from cascade.runner.run_state import RunDirError, RunResult, RunState, rng_state_from_json, rng_state_to_json
 from cascade.runner.run_store import RunStore
 from cascade.runner.sources import RunSources, SourceStopped
@@ -188,6 +195,12 @@ class CascadeRunner:
         self._idle_s = 0.0
         self._step_logged = -1
         self.state = RunState()
+        self._last_evals: dict[str, DomainEval] = {}
+        """Each domain's latest eval (the advance rule's and the regression gate's)."""
+        self._frozen: FrozenModelCache | None = None
+        """The stage-start policy of the drift warning (loaded at its first reading)."""
+        self._probes: dict[str, SequenceBatch] = {}
+        self._probes_of = -1
         # the newest checkpoint that proves itself (manifest, finite weights); the ones skipped, in one line
         self.resume_from = newest_verified_checkpoint(self.ckpt_root, self.log) if resume else None
         if resume and self.resume_from is None and self.previous is not None:
@@ -214,7 +227,7 @@ class CascadeRunner:
 
     def _filter_cfg(self, domain: str):
         for s in self.cfg.stages:
-            if s.domain == domain:
+            if domain in s.mix:
                 return s.filter
         return self.cfg.stages[0].filter
 
@@ -360,12 +373,18 @@ class CascadeRunner:
                 if i == 0 and self.state.global_step == 0:
                     self._evaluate(stage)
             self.log(
-                f"stage {i + 1}/{len(self.cfg.stages)} '{stage.label}' ({stage.domain}), "
+                f"stage {i + 1}/{len(self.cfg.stages)} '{stage.label}' ({stage.domain_label}), "
                 f"teachers: {self._teacher_domains(i) or 'none'}"
             )
             self.progress.start_stage(i, stage.label, stage.advance.max_steps, self.state.stage_step)
             stopped_by = "max_steps"
-            while self.state.stage_step < stage.advance.max_steps:
+            last_step = stage.advance.max_steps
+            if stage.kind == "mopd" and not self._teacher_domains(i):
+                self.log(f"stage '{stage.label}' skipped: no teacher to distill from (distillation is off)")
+                stopped_by, last_step = "no teacher", 0
+            if self.state.gate_phase and self._gate(i, stage, tracker) == "lease lost":  # resumed inside one
+                return self._finish("lease lost", write_report=False)
+            while self.state.stage_step < last_step:
                 if self.lease is not None and self.lease.lost.is_set():
                     self._discard_inflight()
                     return self._finish("lease lost", write_report=False)
@@ -398,6 +417,8 @@ class CascadeRunner:
                     scores = self._evaluate(stage)
                     self.progress.set_eval(scores)
                     advanced = tracker.observe(self.state.stage_step, self._watched_value(stage))
+                    if stage.gate.check == "every_eval" and self._gate(i, stage, tracker) == "lease lost":
+                        return self._finish("lease lost", write_report=False)
                 if self.state.stage_step % self.cfg.checkpoint.every == 0:
                     self._checkpoint(tracker)
                 steps_this_call += 1
@@ -409,8 +430,11 @@ class CascadeRunner:
                     self._checkpoint(tracker)
                     self.progress.stop()
                     return self._finish("interrupted", write_report=False)
-            if self.state.last_eval_global_step != self.state.global_step:
+            stale = self.state.last_eval_global_step != self.state.global_step
+            if stale or (self.cfg.guarded_by_gate(i) and not self._last_evals):
                 self._evaluate(stage)
+            if self._gate(i, stage, tracker) == "lease lost":
+                return self._finish("lease lost", write_report=False)
             self.progress.end_stage()
             self.store.stage_completed(i, stopped_by=stopped_by, steps=self.state.stage_step)
             self.log(f"stage '{stage.label}' done after {self.state.stage_step} steps ({stopped_by})")
@@ -418,6 +442,7 @@ class CascadeRunner:
             self.state.stage_index += 1
             self.state.stage_step = 0
             self.state.stage_started = False
+            self.state.gate_phase = {}
             self.state.tracker = {}
             self.trainer.end_stage()
             self._checkpoint(None)
@@ -438,27 +463,38 @@ class CascadeRunner:
         self.store.acknowledge(i, command)
         return self._finish(command, write_report=False)
 
-    def _teacher_domains(self, stage_index: int) -> list[str]:
+    def _teacher_domains(self, stage_index: int, stage: StageConfig | None = None) -> list[str]:
+        """The teachers with a best checkpoint: the config stage's, or those of `stage` when it is
+        a phase the gate inserted (an mopd stage over the fallen domains)."""
         if not self.distill:
             return []
-        return [d for d in self.cfg.teachers_for(stage_index) if self.registry.teacher(d) is not None]
+        wanted = list(stage.mix) if stage is not None else self.cfg.teachers_for(stage_index)
+        return [d for d in wanted if self.registry.teacher(d) is not None]
 
     # ------------------------------------------------------------------ one step
 
-    def _step(self, stage: StageConfig) -> dict[str, float]:
+    def _step(self, stage: StageConfig, *, gate_phase: bool = False) -> dict[str, float]:
         t0 = time.perf_counter()
         self._idle_s = 0.0
         g = stage.grpo
         step = self.state.stage_step
         budget = token_budget(g.budget, step)
-        batch, distill_future = self._next_batch(stage, budget)
+        batch: RolloutBatch | None = None
+        if stage.kind == "mopd":  # distillation alone: no RL batch, no outcome reward
+            distill_future = self._start_distill(stage, budget)
+            plan = RlPlan({}, [], [], [], [], None, g.temperature, global_rows=0)
+        else:
+            batch, distill_future = self._next_batch(stage, budget)
         t_gen = time.perf_counter()
-        plan = plan_rl(
-            batch,
-            g,
-            current_version=self.state.policy_version,
-            drop_zero_variance=stage.filter.drop_zero_variance,
-        )
+        if batch is not None:
+            plan = plan_rl(
+                batch,
+                g,
+                current_version=self.state.policy_version,
+                drop_zero_variance=stage.filter.drop_zero_variance,
+            )
+            if len(stage.mix) > 1:
+                plan.metrics.update(per_domain_metrics(batch))
         request = UpdateRequest(
             rl=plan,
             stage=stage,
@@ -472,6 +508,8 @@ class CascadeRunner:
         def distill() -> list[DistillData]:
             return self._wait(distill_future) if distill_future is not None else []
 
+        if stage.gate.drift_every > 0:
+            self._stage_start(stage)  # the drift warning's baseline, before the stage's first update
         update, forward_s = self.trainer.update(request, distill)
         self.state.policy_version += 1
         self.state.stage_step += 1
@@ -488,18 +526,22 @@ class CascadeRunner:
             "time_step_s": t_end - t0,
             "time_wait_s": self._idle_s,
             "idle_fraction": self._idle_s / max(t_end - t0, 1e-9),
-            "reasons": batch.reason_counts(),
+            "reasons": batch.reason_counts() if batch is not None else {},
             **pushed,
             **self.sources.rollouts.stats(),
             **resilience_metrics(self.store.watched),
+            **({"gate_phase": 1.0} if gate_phase else {}),
+            **self._drift(stage),
         }
         global_step = self.state.global_step
-        prompts = [p.prompt for p in batch.problems]
-        shown = completion_records(batch, global_step, stage.label, COMPLETION_GROUPS, prompts)
-        lines = {
-            SAMPLES_LOG: json.dumps({"global_step": global_step, "sample_ids": batch.sample_ids}) + "\n",
-            COMPLETIONS_LOG: "".join(json.dumps(r) + "\n" for r in shown),
-        }
+        lines: dict[str, str] = {}
+        if batch is not None:
+            prompts = [p.prompt for p in batch.problems]
+            shown = completion_records(batch, global_step, stage.label, COMPLETION_GROUPS, prompts)
+            lines = {
+                SAMPLES_LOG: json.dumps({"global_step": global_step, "sample_ids": batch.sample_ids}) + "\n",
+                COMPLETIONS_LOG: "".join(json.dumps(r) + "\n" for r in shown),
+            }
         self.store.record_step(
             self.state.stage_index,
             self.state.stage_step,
@@ -511,6 +553,78 @@ class CascadeRunner:
             self.on_step(self.state.global_step, metrics)
         self.tracker.log_step(self.state.global_step, metrics, stage=self.state.stage_index)
         return metrics
+
+    # ------------------------------------------------------------------ the regression gate
+
+    def _gate(self, i: int, stage: StageConfig, tracker: AdvanceTracker) -> str | None:
+        """The regression gate after an eval of stage `i` (`stages[].gate`): when guarded earlier
+        domains have fallen below their best checkpoints outside the eval's noise, an MOPD phase
+        (their best checkpoints as teachers, steps of this stage marked `gate_phase`) runs until
+        an eval finds every one of them back or `gate.max_steps` is reached. The decision and its
+        evidence, and the phase's end, are stage events. Returns "lease lost" when it stopped."""
+        gate = stage.gate
+        guarded = self.cfg.guarded_by_gate(i)
+        if not guarded or not self.distill:
+            return None
+        entries = {d: self.registry.teacher(d) for d in guarded}
+        if not self.state.gate_phase:
+            fallen = fallen_domains(guarded, self._last_evals, entries)
+            if not fallen:
+                return None
+            self.log(
+                f"  regression gate: {'; '.join(f.describe() for f in fallen)}: distilling from "
+                f"the best checkpoints (at most {gate.max_steps} steps) before going on"
+            )
+            self.state.gate_phase = {
+                "domains": [f.domain for f in fallen],
+                "steps": 0,
+                "opened_at": self.state.global_step,
+            }
+            self.store.gate_event(
+                i,
+                "gate_opened",
+                {
+                    "global_step": self.state.global_step,
+                    "fallen": [f.to_dict() for f in fallen],
+                    "test": "latest eval's interval wholly below the best checkpoint's",
+                    "max_steps": gate.max_steps,
+                },
+            )
+        names = list(self.state.gate_phase["domains"])
+        phase = stage.model_copy(
+            update={
+                "kind": "mopd",
+                "domains": {d: 1.0 for d in names},
+                "distill": stage.distill.model_copy(
+                    update={"enabled": True, "loss": "sampled", "lam": ConstantSchedule(value=1.0)}
+                ),
+            }
+        )
+        outcome = "bound"
+        while self.state.gate_phase["steps"] < gate.max_steps:
+            if self.lease is not None and self.lease.lost.is_set():
+                return "lease lost"
+            self.progress.update(self.state.stage_step, self._step(phase, gate_phase=True))
+            self.state.gate_phase["steps"] += 1
+            steps = self.state.gate_phase["steps"]
+            if self.state.stage_step % self.cfg.checkpoint.every == 0:
+                self._checkpoint(tracker)
+            if steps % gate.eval_every == 0 or steps == gate.max_steps:
+                self.progress.set_eval(self._evaluate(stage))
+                if not fallen_domains(names, self._last_evals, entries):
+                    outcome = "recovered"
+                    break
+        steps = self.state.gate_phase["steps"]
+        now = {d: self._last_evals[d].score for d in names if d in self._last_evals}
+        shown = ", ".join(f"{d} {v:.1%}" for d, v in now.items())
+        self.log(f"  regression gate: {outcome} after {steps} steps ({shown})")
+        self.store.gate_event(
+            i,
+            "gate_closed",
+            {"global_step": self.state.global_step, "outcome": outcome, "steps": steps, "scores": now},
+        )
+        self.state.gate_phase = {}
+        return None
 
     def _wait(self, future: Future[list[DistillData]]) -> list[DistillData]:
         t0 = time.perf_counter()
@@ -525,30 +639,36 @@ class CascadeRunner:
         prompts = [p.prompt for p in problems]
         return encode_prompts(self.policy.tokenizer, self.cfg.chat, prompts, thinking, tools)
 
-    def _pick_problems(self, stage: StageConfig) -> list[Problem]:
-        ids = [p.id for p in self.train_problems[stage.domain]]
-        k = min(stage.grpo.prompts_per_step, len(ids))
-        picked = self.filters[stage.domain].sample(ids, k, self.rng)
-        return [self._by_id[stage.domain][pid] for pid in picked]
+    def _pick_problems(self, domain: str, k: int) -> list[Problem]:
+        ids = [p.id for p in self.train_problems[domain]]
+        picked = self.filters[domain].sample(ids, min(k, len(ids)), self.rng)
+        return [self._by_id[domain][pid] for pid in picked]
+
+    def _step_prompts(self, stage: StageConfig, total: int) -> dict[str, list[Problem]]:
+        """Each of the stage's domains with its prompts for one step (`total` split by shares)."""
+        return {d: self._pick_problems(d, k) for d, k in prompt_counts(total, stage.mix).items()}
 
     def _submit(self, stage: StageConfig, budget: int) -> Ticket:
-        chosen = self._pick_problems(stage)
         seq = self.state.batches_made
         self.state.batches_made += 1
-        reward = self.cfg.domain(stage.domain).reward_settings  # carries the kind of a free name
-        requests = plan_requests(
-            seed=self.cfg.seed,
-            batch=seq,
-            stage=stage,
-            problems=chosen,
-            prompt_ids=self._encode(chosen, stage.grpo.thinking),
-            budget=budget,
-            policy_version=self.state.policy_version,
-            per_request=self.per_request,
-            prompts_per_request=self.cfg.rollout.prompts_per_request,
-            reward_config=reward.model_dump(mode="json") if reward is not None else None,
-            attempt=self.attempt,
-        )
+        requests: list[PromptRequest] = []
+        for domain, chosen in self._step_prompts(stage, stage.grpo.prompts_per_step).items():
+            reward = self.cfg.domain(domain).reward_settings  # carries the kind of a free name
+            requests += plan_requests(
+                seed=self.cfg.seed,
+                batch=seq,
+                stage=stage,
+                domain=domain,
+                problems=chosen,
+                prompt_ids=self._encode(chosen, stage.grpo.thinking),
+                budget=budget,
+                policy_version=self.state.policy_version,
+                per_request=self.per_request,
+                prompts_per_request=self.cfg.rollout.prompts_per_request,
+                reward_config=reward.model_dump(mode="json") if reward is not None else None,
+                attempt=self.attempt,
+                first_index=len(requests),
+            )
         self.sources.rollouts.submit(requests)
         return Ticket(seq, requests)
 
@@ -573,7 +693,7 @@ class CascadeRunner:
             batch = merge_chunks(
                 ticket.requests, chunks, policy_version=version, temperature=stage.grpo.temperature
             )
-            self._update_filter(stage.domain, batch)
+            self._update_filter(batch)
             if self.state.policy_version - batch.policy_version <= s:
                 return batch, distill
             self.log(f"dropped a batch of version {batch.policy_version}: older than max_staleness {s}")
@@ -585,24 +705,28 @@ class CascadeRunner:
             self.sources.rollouts.discard([t.batch for t in self._inflight])
         self._inflight.clear()
 
-    def _update_filter(self, domain: str, batch: RolloutBatch) -> None:
+    def _update_filter(self, batch: RolloutBatch) -> None:
         rewards = batch.rewards()
         for gi, p in enumerate(batch.problems):
-            self.filters[domain].update(p.id, rewards[gi].tolist())
+            self.filters[p.domain].update(p.id, rewards[gi].tolist())
 
     # ------------------------------------------------------------------ distillation
 
     def _start_distill(self, stage: StageConfig, budget: int) -> Future[list[DistillData]] | None:
         """Pick the replay prompts now (the run's RNG order), fetch the data: in a thread when
         generation runs elsewhere, here otherwise."""
-        teachers = self._teacher_domains(self.state.stage_index)
+        phase = stage if stage is not self.cfg.stages[self.state.stage_index] else None
+        teachers = self._teacher_domains(self.state.stage_index, phase)
         if not teachers:
             return None
         jobs = []
+        counts = prompt_counts(stage.grpo.prompts_per_step, stage.mix) if stage.kind == "mopd" else {}
         for d in teachers:
-            problems = self._distill_problems(stage, d)
+            problems = self._distill_problems(stage, d, counts.get(d))
+            if not problems:
+                continue
             seed = distill_seed(self.cfg.seed, self.state.global_step, d, per_request=self.per_request)
-            domain = d if stage.distill.prompt_source == "replay" else stage.domain
+            domain = d if stage.distill.prompt_source == "replay" or stage.kind == "mopd" else stage.domain
             reward = self.cfg.domain(domain).reward_settings
             jobs.append(
                 DistillJob(
@@ -643,31 +767,65 @@ class CascadeRunner:
             self._fetch_tokenizer = copy.deepcopy(self.policy.tokenizer)
         return self._fetch_tokenizer
 
-    def _distill_problems(self, stage: StageConfig, teacher: str) -> list[Problem]:
+    def _distill_problems(self, stage: StageConfig, teacher: str, k: int | None = None) -> list[Problem]:
+        """`k` of the prompts the teacher's samples are made on (default `prompts_per_teacher`;
+        an mopd stage's teacher is its own domain's, on that domain's prompts)."""
         dc = stage.distill
-        pool = self.train_problems[teacher if dc.prompt_source == "replay" else stage.domain]
-        return self.rng.sample(pool, min(dc.prompts_per_teacher, len(pool)))
+        replay = dc.prompt_source == "replay" or stage.kind == "mopd"
+        pool = self.train_problems[teacher if replay else stage.domain]
+        return self.rng.sample(pool, min(dc.prompts_per_teacher if k is None else k, len(pool)))
 
     def _reference(self, stage: StageConfig) -> Path | None:
-        """The frozen stage-start policy for the k3 KL term (written once per stage)."""
-        if stage.grpo.kl_coef <= 0:
-            return None
+        """The frozen stage-start policy for the k3 KL term (None without one)."""
+        return self._stage_start(stage) if stage.grpo.kl_coef > 0 else None
+
+    def _stage_start(self, stage: StageConfig) -> Path:
+        """The stage-start policy, written once per stage before its first update (the k3 KL
+        term's reference and the drift warning's baseline)."""
         path = self.run_dir / "references" / f"stage-{self.state.stage_index}"
         if not path.exists():
             save_model_dir_atomically(self.policy, path)
         return path.resolve()
 
+    def _drift(self, stage: StageConfig) -> dict[str, float]:
+        """`drift_kl/<domain>` every `gate.drift_every` stage steps (`cascade.runner.drift`); on one
+        rank only (a sharded policy's forward is a collective the other ranks are not in)."""
+        every, i = stage.gate.drift_every, self.state.stage_index
+        domains = self.cfg.gate_domains(i)
+        if every <= 0 or self.state.stage_step % every or not domains or self.world.size > 1:
+            return {}
+        if self._frozen is None:
+            self._frozen = FrozenModelCache(self.accel.frozen_dtype, self.accel.device)
+        start = self._frozen.get("stage-start", self._stage_start(stage))
+        if self._probes_of != i:
+            start_policy = Policy(start, self.policy.tokenizer)
+            budget = token_budget(stage.grpo.budget, 0)
+            self._probes = {
+                d: drift_probe(
+                    start_policy,
+                    self.cfg.chat,
+                    self.eval_problems[d][: stage.gate.drift_prompts],
+                    max_new_tokens=budget,
+                    thinking=stage.grpo.thinking,
+                )
+                for d in domains
+            }
+            self._probes_of = i
+        return {
+            f"drift_kl/{d}": drift_kl(self.policy.model, start, probe) for d, probe in self._probes.items()
+        }
+
     # ------------------------------------------------------------------ eval, teachers, checkpoints
 
     def _trained_domains(self) -> set[str]:
-        return {s.domain for s in self.cfg.stages[: self.state.stage_index + 1]}
+        return {d for s in self.cfg.stages[: self.state.stage_index + 1] for d in s.mix}
 
     def _evaluate(self, stage: StageConfig) -> dict[str, float]:
         """Eval of every domain with the current weights, generated by the rollout source, with
         the stage's eval metrics; returns each domain's primary score (all kept in `_last_evals`).
         """
         scores: dict[str, float] = {}
-        self._last_evals: dict[str, DomainEval] = {}
+        self._last_evals = {}
         budget = stage.eval.max_new_tokens or token_budget(stage.grpo.budget, self.state.stage_step)
         trained = self._trained_domains()
         for name, domain in self.domains.items():
@@ -692,7 +850,7 @@ class CascadeRunner:
                 self.state.stage_index, self.state.stage_step, self.state.global_step, result
             )
             if name in trained and self.state.global_step > 0:
-                self._offer_teacher(name, result.score)
+                self._offer_teacher(name, result)
         self.tracker.log_eval(self.state.global_step, self._last_evals)
         self.state.last_eval_global_step = self.state.global_step
         self.log(
@@ -707,15 +865,28 @@ class CascadeRunner:
         result = self._last_evals.get(stage.domain if domain == "{domain}" else domain)
         return 0.0 if result is None else result.metric(metric)
 
-    def _offer_teacher(self, domain: str, score: float) -> None:
+    def _offer_teacher(self, domain: str, result: DomainEval) -> None:
         """Offer the current weights as `domain`'s teacher, by its primary eval score (the first
-        of `eval.metrics`, the same metric in every stage)."""
+        of `eval.metrics`, the same metric in every stage), kept with its interval (the gate's)."""
+        score = result.score
+        primary = result.metrics.get(result.primary)
+        interval = (primary.low, primary.high) if primary is not None else None
         old = self.registry.teacher(domain)
-        path = self.teacher_root / f"{domain}-g{self.state.global_step:06d}"
-        if not self.registry.offer(domain, score, self.state.global_step, str(path)):
+        # another domain's best checkpoint of this very step holds these weights: one directory
+        twin = next(
+            (
+                e.path
+                for d in self.registry.domains()
+                if (e := self.registry.teacher(d)) and e.step == self.state.global_step
+            ),
+            None,
+        )
+        path = Path(twin) if twin else self.teacher_root / f"{domain}-g{self.state.global_step:06d}"
+        if not self.registry.offer(domain, score, self.state.global_step, str(path), interval):
             return
         staged = staged_path(path, self._epoch())
-        save_model_dir_atomically(self.policy, staged)
+        if twin is None:
+            save_model_dir_atomically(self.policy, staged)
         self.store.record_teacher(
             self.state.stage_index,
             self.state.stage_step,
@@ -723,7 +894,7 @@ class CascadeRunner:
             domain=domain,
             score=score,
             path=path,
-            publish=lambda: publish(staged, path),
+            publish=None if twin else lambda: publish(staged, path),
         )
         self.sources.teachers.register(domain, path.resolve())
         if old is not None and Path(old.path) != path:
@@ -759,8 +930,10 @@ class CascadeRunner:
         )
         self.tracker.log_checkpoint(self.state.global_step, path)
         prune_checkpoints(self.ckpt_root, self.cfg.checkpoint.keep_last)
+        in_use = {Path(e.path) for d in self.registry.domains() if (e := self.registry.teacher(d))}
         for old in self._pending_teacher_deletes:
-            shutil.rmtree(old, ignore_errors=True)
+            if old not in in_use:  # a directory another domain's teacher still is stays
+                shutil.rmtree(old, ignore_errors=True)
         self._pending_teacher_deletes.clear()
 
     def _finish(self, stopped_by: str, write_report: bool = True) -> RunResult:

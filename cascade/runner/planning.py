@@ -21,6 +21,7 @@ def plan_requests(
     seed: int,
     batch: int,
     stage: StageConfig,
+    domain: str,
     problems: list[Problem],
     prompt_ids: list[list[int]],
     budget: int,
@@ -29,17 +30,20 @@ def plan_requests(
     prompts_per_request: int,
     reward_config: dict[str, Any] | None,
     attempt: str,
+    first_index: int = 0,
 ) -> list[PromptRequest]:
+    """The requests of one domain's prompts in batch `batch` (a step over several domains sends
+    each domain's from `first_index` on: a request's index is its place in the batch)."""
     g = stage.grpo
     n = prompts_per_request if per_request else max(len(problems), 1)
     requests = []
-    for k, start in enumerate(range(0, len(problems), n)):
+    for k, start in enumerate(range(0, len(problems), n), start=first_index):
         part = problems[start : start + n]
         requests.append(
             PromptRequest(
                 batch=batch,
                 index=k,
-                domain=stage.domain,
+                domain=domain,
                 policy_version=policy_version,
                 seed=request_seed(seed, "rl", batch, k) if per_request else None,
                 group_size=g.group_size,

@@ -12,6 +12,7 @@ import torch
 from transformers import PreTrainedModel
 
 from cascade.algo import (
+    BehaviourSettings,
     GrpoLossInput,
     GrpoLossOutput,
     GrpoNorms,
@@ -20,7 +21,8 @@ from cascade.algo import (
     grpo_normalisers,
     zero_variance_mask,
 )
-from cascade.algo.masking import SumOverRanks
+from cascade.algo.grpo import MAX_METRICS
+from cascade.algo.masking import MaxOverRanks, SumOverRanks
 from cascade.algo.turn_mask import TurnLayout, model_token_mask
 from cascade.config import GrpoConfig
 from cascade.engine.batch import SequenceBatch, build_batch
@@ -83,7 +85,9 @@ class RlPlan:
     group_ids: list[int]
     advantages: list[float]
     old_logprobs: list[list[float]] | None
-    """None: the batch is on-policy (made by the weights being trained)."""
+    """The PPO ratio's old policy: the engine's log-probs of a stale batch; None: the batch is
+    on-policy (made by the weights being trained), or the behaviour correction is on (the ratio
+    is then taken against the learner's own log-probs)."""
     temperature: float
     global_rows: int
     """Rows of the whole plan (a share's own rows may be none while other ranks have some)."""
@@ -92,6 +96,10 @@ class RlPlan:
     micro_batches: int = 1
     """The fewest micro-batches this plan's term runs in (a sharded learner sets every rank's
     to the most any rank's share needs: the ranks' forward and backward passes pair up)."""
+    behaviour_logprobs: list[list[float]] | None = None
+    """The engine's log-probs of the tokens, on-policy or not: the behaviour correction's
+    (`grpo.behaviour_correction`) and the mismatch metrics' (reported with the correction off
+    too, changing nothing else). None: not known (the metrics are then not reported)."""
 
     @property
     def empty(self) -> bool:
@@ -124,6 +132,9 @@ class RlPlan:
             old_logprobs=None if self.old_logprobs is None else [self.old_logprobs[i] for i in rows],
             temperature=self.temperature,
             global_rows=self.global_rows,
+            behaviour_logprobs=(
+                None if self.behaviour_logprobs is None else [self.behaviour_logprobs[i] for i in rows]
+            ),
             layouts=None if self.layouts is None else [self.layouts[i] for i in rows],
             micro_batches=self.micro_batches,
         )
@@ -137,6 +148,10 @@ def plan_rl(
     Samples whose verifier failed take no part in their group's statistics and get no
     gradient; a step with more of them than `cfg.max_verifier_failure_fraction` raises
     `VerifierFailureError` before any forward pass.
+
+    The engine's log-probs always go along as `behaviour_logprobs` (the correction's, and the
+    mismatch metrics' with it off); as `old_logprobs` only for a stale batch with the
+    correction off (with it on, the ratio's old policy is the learner's own).
     """
     g = batch.group_size
     failure_fraction = check_verifier_failures(batch, cfg.max_verifier_failure_fraction)
@@ -166,15 +181,18 @@ def plan_rl(
         "staleness": float(current_version - batch.policy_version),
     }
     idx = torch.nonzero(keep).flatten().tolist()
+    engine = [batch.logprobs[i] for i in idx]
+    stale = batch.policy_version != current_version
     return RlPlan(
         metrics=metrics,
         prompt_ids=[batch.prompt_ids[i] for i in idx],
         completion_ids=[batch.completion_ids[i] for i in idx],
         group_ids=[i // g for i in idx],
         advantages=adv[idx].tolist(),
-        old_logprobs=None if batch.policy_version == current_version else [batch.logprobs[i] for i in idx],
+        old_logprobs=engine if stale and cfg.behaviour_correction.mode == "off" else None,
         temperature=batch.temperature,
         global_rows=len(idx),
+        behaviour_logprobs=engine,
         layouts=[batch.layouts[i] for i in idx] if batch.layouts else None,
     )
 
@@ -188,10 +206,12 @@ def rl_loss(
     ref_model: PreTrainedModel | None = None,
     reduce: SumOverRanks | None = None,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    reduce_max: MaxOverRanks | None = None,
 ) -> LossTerm:
     """GRPO loss over `plan`'s rows; None when the plan is empty (nothing to learn from).
 
-    With `reduce` the plan is one rank's share: every rank must call this, empty share or not."""
+    With `reduce` (and `reduce_max`, for the metrics that are maxima) the plan is one rank's
+    share: every rank must call this, empty share or not."""
     metrics = dict(plan.metrics)
     if plan.global_rows == 0:
         return LossTerm(None, metrics)
@@ -206,6 +226,9 @@ def rl_loss(
         sb = sb.to(device)
         advantages, group_ids = torch.tensor(plan.advantages), torch.tensor(plan.group_ids)
     old_rows = None if plan.old_logprobs is None else (plan.old_logprobs if not plan.empty else [[0.0]])
+    behaviour_rows = None
+    if plan.behaviour_logprobs is not None:
+        behaviour_rows = plan.behaviour_logprobs if not plan.empty else [[0.0]]
     out, entropy = _grpo_forward(
         model,
         sb,
@@ -217,6 +240,8 @@ def rl_loss(
         ref_model,
         chunk_bytes,
         reduce=reduce,
+        reduce_max=reduce_max,
+        behaviour_rows=behaviour_rows,
     )
     metrics.update({f"grpo_{k}": v for k, v in out.metrics.items()})
     total = reduce or (lambda t: t)
@@ -236,13 +261,19 @@ def _grpo_forward(
     chunk_bytes: int,
     *,
     reduce: SumOverRanks | None = None,
+    reduce_max: MaxOverRanks | None = None,
     norms: GrpoNorms | None = None,
+    behaviour_rows: list[list[float]] | None = None,
 ) -> tuple[GrpoLossOutput, torch.Tensor]:
     """The GRPO loss of the rows of `sb` (on the model's device) and their entropy [B, C]: the
-    policy's forward, the behaviour log-probs laid out on its width, the reference's forward."""
+    policy's forward, the engine's log-probs laid out on its width (as the ratio's old policy,
+    and as the behaviour correction's), the reference's forward."""
     device = model.device
     logp, entropy = completion_logprobs_entropy(model, sb, temperature, chunk_bytes=chunk_bytes)
-    old = None if old_rows is None else _padded_logprobs(old_rows, sb.completion_ids.shape[1]).to(device)
+    width = sb.completion_ids.shape[1]
+    old = None if old_rows is None else _padded_logprobs(old_rows, width).to(device)
+    behaviour = None if behaviour_rows is None else _padded_logprobs(behaviour_rows, width).to(device)
+    bc = cfg.behaviour_correction
     ref = None
     if cfg.kl_coef > 0 and ref_model is not None:
         with torch.no_grad():
@@ -261,6 +292,9 @@ def _grpo_forward(
             kl_coef=cfg.kl_coef,
             reduce=reduce,
             norms=norms,
+            behaviour_logprobs=behaviour,
+            behaviour=BehaviourSettings(bc.mode, bc.low, bc.high, bc.seq_threshold),
+            reduce_max=reduce_max,
         )
     )
     return out, entropy
@@ -290,6 +324,7 @@ def rl_backward(
     autocast: Callable[[], AbstractContextManager[object]],
     ref_model: PreTrainedModel | None = None,
     reduce: SumOverRanks | None = None,
+    reduce_max: MaxOverRanks | None = None,
 ) -> tuple[float | None, dict[str, float]]:
     """The GRPO term in micro-batches (`plan.spans`): each one's forward (under `autocast`),
     then its backward, its part of the step's loss accumulating in the parameters' gradients.
@@ -297,7 +332,7 @@ def rl_backward(
     (`grpo_normalisers`: a group's statistics span it wherever its rows land), so the gradient
     is the one-pass gradient to float rounding, whatever the cut. Returns the term's value (None:
     no row on any rank) and its metrics, each summed over micro-batches and then, in one call,
-    over ranks."""
+    over ranks (the maxima, `MAX_METRICS`, maximised in one more call of `reduce_max`)."""
     metrics = dict(plan.metrics)
     if plan.global_rows == 0:
         return None, metrics
@@ -313,7 +348,7 @@ def rl_backward(
     row_tokens = torch.cat(counted) if counted else torch.zeros(0)
     all_groups = torch.tensor(plan.group_ids, dtype=torch.long)
     norms = grpo_normalisers(row_tokens, all_groups, cfg.loss_aggregation, reduce)
-    sums = TermSums()
+    sums = TermSums(maxima=MAX_METRICS)
     sums.add({"real_tokens": float(real), "padded_tokens": float(padded)})
     for (lo, hi), (sb, advantages, group_ids) in zip(spans, batches, strict=True):
         sb = sb.to(device)
@@ -322,6 +357,9 @@ def rl_backward(
         old_rows = None
         if plan.old_logprobs is not None:
             old_rows = plan.old_logprobs[lo:hi] if hi > lo else [[0.0]]
+        behaviour_rows = None
+        if plan.behaviour_logprobs is not None:
+            behaviour_rows = plan.behaviour_logprobs[lo:hi] if hi > lo else [[0.0]]
         with autocast():
             out, entropy = _grpo_forward(
                 model,
@@ -334,11 +372,12 @@ def rl_backward(
                 ref_model,
                 batching.logits_chunk_bytes,
                 norms=rows.to(device),
+                behaviour_rows=behaviour_rows,
             )
         out.loss.backward()
         sums.add({"loss": float(out.loss.detach()), **out.metrics})
         sums.add({"entropy": float(entropy.sum()) / float(norms.n_tokens.clamp(min=1))})
-    total = sums.over_ranks(reduce)
+    total = sums.over_ranks(reduce, reduce_max=reduce_max)
     loss = total.pop("loss")
     real_all, padded_all = total.pop("real_tokens"), total.pop("padded_tokens")
     metrics.update({f"grpo_{k}": v for k, v in total.items()})

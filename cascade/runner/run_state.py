@@ -23,6 +23,8 @@ class RunState:
     filters: dict[str, Any] = field(default_factory=dict)
     py_rng: Any = None
     last_eval_global_step: int = -1
+    gate_phase: dict[str, Any] = field(default_factory=dict)
+    """The regression gate's phase under way: `{"domains": [...], "steps": n, "opened_at": g}`."""
     finished: bool = False
     store_ids: dict[str, Any] = field(default_factory=dict)
 

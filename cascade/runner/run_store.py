@@ -61,7 +61,7 @@ def _normalised(config: dict[str, Any], cascade_id: int) -> dict[str, Any]:
 def _existing_cascade(s: Session, cascade_id: int, cfg: CascadeConfig) -> tuple[Cascade, list[Stage]]:
     cascade = get_row(s, Cascade, cascade_id)
     stages = repo.list_stages(s, cascade_id=cascade_id)
-    want = [(st.label, st.domain) for st in cfg.stages]
+    want = [(st.label, st.domain_label) for st in cfg.stages]
     have = [(st.name, st.domain) for st in stages]
     if want != have:
         raise CascadeMismatch(f"cascade {cascade_id} has stages {have}, the config has {want}")
@@ -229,7 +229,7 @@ class RunStore:
             if cascade_id is None:
                 cascade = repo.create_cascade(s, name=cfg.name, config=cfg.model_dump(mode="json"))
                 stages = repo.create_stages(
-                    s, cascade_id=cascade.id, stages=[(st.label, st.domain) for st in cfg.stages]
+                    s, cascade_id=cascade.id, stages=[(st.label, st.domain_label) for st in cfg.stages]
                 )
             else:
                 cascade, stages = _existing_cascade(s, cascade_id, cfg)
@@ -398,6 +398,22 @@ class RunStore:
                 to_state="completed",
                 actor=ACTOR,
                 detail={"stopped_by": stopped_by, "steps": steps},
+            )
+
+    @_retried
+    def gate_event(self, index: int, kind: str, detail: dict[str, Any]) -> None:
+        """A regression gate's decision (`gate_opened`: the fallen domains and the interval test
+        that found them) or a phase's end (`gate_closed`: recovered or bound), as a stage event."""
+        cascade_id, run_id = self._ids()
+        with db.session_scope(self.engine) as s:
+            self._fenced(s)
+            repo.log_event(
+                s,
+                cascade_id=cascade_id,
+                stage_id=self.stage_ids[index],
+                kind=kind,
+                actor=ACTOR,
+                detail={"run_id": run_id, **detail},
             )
 
     @_retried

@@ -107,6 +107,7 @@ class RankShard:
             accel=self.accel,
             frozen=self.frozen,
             reduce=self.world.sum,
+            reduce_max=self.world.max,
         )
 
     def full_weights(self) -> dict[str, Any]:

@@ -72,7 +72,7 @@ def completion_records(
                 {
                     "global_step": global_step,
                     "stage": stage,
-                    "domain": batch.domain,
+                    "domain": batch.problems[g].domain,
                     "problem": batch.problems[g].id,
                     "prompt": _cut(prompts[g], PROMPT_CHARS),
                     "completion": _cut(batch.texts[i], COMPLETION_CHARS),

@@ -50,6 +50,7 @@ from typing import Any, ClassVar
 from cascade.config import CascadeConfig, StageConfig
 from cascade.config.preflight import DEFAULT_PROMPT_TOKENS, prompt_tokens
 from cascade.engine.microbatch import MicroBatching
+from cascade.runner.domain_mix import prompt_counts
 
 GIB = 1024**3
 PROMPT_TOKENS = DEFAULT_PROMPT_TOKENS
@@ -388,10 +389,15 @@ def _largest_budget(stage: StageConfig) -> int:
 
 
 def _prompts_per_step(cfg: CascadeConfig, stage: StageConfig) -> int:
-    """A step samples at most the whole train set (known up front for synthetic prompts)."""
-    wanted = stage.grpo.prompts_per_step
-    n_train = getattr(cfg.domain(stage.domain).prompts, "n_train", None)
-    return min(wanted, n_train) if isinstance(n_train, int) else wanted
+    """A step's RL prompts: each domain's share, at most its whole train set (known up front for
+    synthetic prompts); none in an mopd stage."""
+    if stage.kind == "mopd":
+        return 0
+    total = 0
+    for domain, wanted in prompt_counts(stage.grpo.prompts_per_step, stage.mix).items():
+        n_train = getattr(cfg.domain(domain).prompts, "n_train", None)
+        total += min(wanted, n_train) if isinstance(n_train, int) else wanted
+    return total
 
 
 def _teachers(cfg: CascadeConfig, index: int) -> int:
@@ -419,11 +425,13 @@ def estimate_stage(
     g, d = stage.grpo, stage.distill
     teachers = _teachers(cfg, index)
     per_teacher = d.prompts_per_teacher * d.samples_per_prompt
+    if stage.kind == "mopd":  # each teacher on its domain's share of the step's prompts
+        per_teacher = max(prompt_counts(g.prompts_per_step, stage.mix).values()) * d.samples_per_prompt
     frozen = (1 if g.kl_coef > 0 else 0) + (teachers if local_teachers else 0)
     return estimate_step(
         shape,
         sequences=g.group_size * math.ceil(_prompts_per_step(cfg, stage) / ranks),
-        prompt_tokens=prompt_tokens(cfg, stage.domain)[0],
+        prompt_tokens=max(prompt_tokens(cfg, domain)[0] for domain in stage.mix),
         completion_tokens=_largest_budget(stage),
         batching=batching or MicroBatching.of(cfg.learner),
         compute_dtype_bytes=precision.compute,

@@ -20,7 +20,7 @@ from transformers import PreTrainedModel
 
 from cascade.accel import Accel
 from cascade.algo import schedule_value
-from cascade.algo.masking import SumOverRanks
+from cascade.algo.masking import MaxOverRanks, SumOverRanks
 from cascade.config import StageConfig
 from cascade.engine.microbatch import MicroBatching
 from cascade.runner.distill import DistillData, distill_backward, distill_terms, share_distill
@@ -102,15 +102,21 @@ def run_update(
     accel: Accel,
     frozen: FrozenModelCache,
     reduce: SumOverRanks | None = None,
+    reduce_max: MaxOverRanks | None = None,
 ) -> tuple[dict[str, float], float]:
     """The step's update; returns its metrics and the seconds its forward passes took (with
     their backward passes, when the step runs in micro-batches).
 
     A step whose every term fits one forward (`learner.micro_batch_tokens` unset, or above the
     step) runs each term's forward, then the backward passes: as it always did. Otherwise each
-    term runs forward and backward micro-batch by micro-batch, its normalisers the step's."""
+    term runs forward and backward micro-batch by micro-batch, its normalisers the step's.
+
+    `reduce` sums over the ranks, `reduce_max` takes their maximum (for the metrics that are
+    maxima); a sharded learner gives both."""
     with training_mode(model, req.batching):
-        return _run_update(model, optimizer, req, distill, accel=accel, frozen=frozen, reduce=reduce)
+        return _run_update(
+            model, optimizer, req, distill, accel=accel, frozen=frozen, reduce=reduce, reduce_max=reduce_max
+        )
 
 
 def _run_update(
@@ -122,6 +128,7 @@ def _run_update(
     accel: Accel,
     frozen: FrozenModelCache,
     reduce: SumOverRanks | None,
+    reduce_max: MaxOverRanks | None,
 ) -> tuple[dict[str, float], float]:
     t0 = time.perf_counter()
     optimizer.zero_grad(set_to_none=True)  # before the forward passes (see `apply_update`)
@@ -138,6 +145,7 @@ def _run_update(
                 ref_model=ref,
                 reduce=reduce,
                 chunk_bytes=req.batching.logits_chunk_bytes,
+                reduce_max=reduce_max,
             )
         rl_value, rl_metrics = None, rl.metrics
     else:
@@ -150,6 +158,7 @@ def _run_update(
             autocast=accel.autocast,
             ref_model=ref,
             reduce=reduce,
+            reduce_max=reduce_max,
         )
     t_rl = time.perf_counter() - t0
     fetched = distill()

@@ -124,7 +124,7 @@ def create_cascade(session: Session, *, name: str, config: Mapping[str, Any] | A
 def create_stages(session: Session, *, cascade_id: int, stages: Iterable[tuple[str, str]]) -> list[Stage]:
     """One `pending` stage per `(label, domain)`, indexed 0.. in order.
 
-    From a config: `stages=[(s.label, s.domain) for s in config.stages]`.
+    From a config: `stages=[(s.label, s.domain_label) for s in config.stages]`.
     """
     get_row(session, Cascade, cascade_id)
     rows = [

@@ -209,8 +209,10 @@ def record_checkpoint(
     domain: str | None = None,
     score: float | None = None,
 ) -> Checkpoint:
-    """One row per saved directory: the same checkpoint recorded again (same run, stage, kind, step
-    and path: a repeated write, or a pause right after the periodic save) is the row already there."""
+    """One row per saved directory and domain: the same checkpoint recorded again (same run, stage,
+    kind, step, path and domain: a repeated write, or a pause right after the periodic save) is the
+    row already there. One directory may be several domains' teachers (their best checkpoints are
+    one step's weights): a row each."""
     check_choice(kind, CHECKPOINT_KINDS, "checkpoint kind")
     _run_and_stage(session, run_id, stage_id)
     existing = session.scalars(
@@ -221,6 +223,7 @@ def record_checkpoint(
             Checkpoint.kind == kind,
             Checkpoint.global_step == global_step,
             Checkpoint.path == str(path),
+            Checkpoint.domain.is_(None) if domain is None else Checkpoint.domain == domain,
         )
         .order_by(Checkpoint.id)
         .limit(1)

@@ -37,8 +37,7 @@ class RewardClient:
             domain=domain,
             reward_config_json=json.dumps(reward_config) if reward_config else "",
             items=[
-                pb.Item(problem=_problem(p), completion=c)
-                for p, c in zip(problems, completions, strict=True)
+                pb.Item(problem=_problem(p), completion=c) for p, c in zip(problems, completions, strict=True)
             ],
         )
         reply = self.stub.Score(request, timeout=self.timeout_s)

@@ -144,7 +144,9 @@ async def create_cascade(
     def create() -> schemas.CascadeOut:
         with unit_of_work(engine) as s:
             cascade = repo.create_cascade(s, name=cfg.name, config=cfg.model_dump(mode="json"))
-            repo.create_stages(s, cascade_id=cascade.id, stages=[(st.label, st.domain) for st in cfg.stages])
+            repo.create_stages(
+                s, cascade_id=cascade.id, stages=[(st.label, st.domain_label) for st in cfg.stages]
+            )
             repo.log_event(
                 s, cascade_id=cascade.id, kind="created", actor=who.actor, detail={"stages": len(cfg.stages)}
             )

@@ -47,6 +47,13 @@ DISTRIBUTED_ONLY = {
     "reissued_requests",
 }
 """Step metrics only a distributed run records (its pushes, replicas and re-deliveries)."""
+DISTRIBUTED_ONLY_PREFIXES = (
+    "resilience/redis_",
+    "resilience/teacher_",
+    "resilience/rollout_",
+    "resilience/reward_",
+)
+"""The services' outages (`services.learner.sources`): the embedded run has none of them."""
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -163,6 +170,26 @@ def read_rows(db_url: str) -> RunRows:
         engine.dispose()
 
 
+def comparable_keys(metrics: dict[str, Any], skip: set[str]) -> set[str]:
+    """A distributed step's metric names an embedded run also records (less `skip`)."""
+    return {k for k in set(metrics) - skip if not k.startswith(DISTRIBUTED_ONLY_PREFIXES)}
+
+
+def assert_equal_runs(rows: RunRows, ref: RunRows) -> None:
+    """A distributed run equal to the embedded one: every step metric but timings and the
+    distributed-only ones, and every eval, identical (same seeds, weights and functions)."""
+    skip = set(TIMING_KEYS) | DISTRIBUTED_ONLY
+    assert len(rows.steps) == len(ref.steps)
+    for (_, _, g, dist), (_, _, g2, emb) in zip(rows.steps, ref.steps, strict=True):
+        assert g == g2
+        assert comparable_keys(dist, skip) == set(emb) - skip, g
+        for key in set(emb) - skip:
+            a, b = dist[key], emb[key]
+            assert a == b, (g, key, a, b)
+    assert [e[:5] for e in rows.evals] == [e[:5] for e in ref.evals]
+    assert rows.eval_metrics == ref.eval_metrics  # sampled eval metrics and intervals too
+
+
 def sqlite_url(run_dir: Path) -> str:
     return f"sqlite:///{(run_dir / 'cascade.db').resolve()}"
 
@@ -186,7 +213,25 @@ class E2E:
 
     run = staticmethod(run_cascade)
     rows = staticmethod(read_rows)
+    comparable_keys = staticmethod(comparable_keys)
+    assert_equal_runs = staticmethod(assert_equal_runs)
     sqlite_url = staticmethod(sqlite_url)
+
+
+@pytest.fixture(scope="session")
+def full_models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(a random policy with the `full` spec's tokenizer and size, a tiny trained reward model):
+    the five-domain cascades' models."""
+    import dataclasses
+
+    from cascade.bootstrap.policy import FULL_SPEC, save_untrained_model
+    from cascade.bootstrap.reward_model import build_tiny_reward_model
+
+    root = tmp_path_factory.mktemp("full-models")
+    rm = root / "rm"
+    build_tiny_reward_model(rm, steps=20, log=lambda _: None)
+    spec = dataclasses.replace(FULL_SPEC, sft_problems=(100,) * 5, val_problems_per_domain=8)
+    return save_untrained_model(root / "policy", spec, reward_model=rm), rm
 
 
 @pytest.fixture(scope="session")

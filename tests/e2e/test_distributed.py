@@ -24,26 +24,6 @@ from stack_probe import REDIS_URL, redis_up
 
 from cascade.up.stack import LocalStack, wait_serving
 
-DISTRIBUTED_ONLY = {
-    "time_push_s",
-    "time_push_replica_max_s",
-    "time_save_weights_s",
-    "time_wait_s",
-    "idle_fraction",
-    "duplicate_chunks",
-    "rollout_replicas",
-    "replicas_out",
-    "replica_failures",
-    "reissued_requests",
-}
-DISTRIBUTED_ONLY_PREFIXES = (
-    "resilience/redis_",
-    "resilience/teacher_",
-    "resilience/rollout_",
-    "resilience/reward_",
-)
-"""The services' outages (`services.learner.sources`): the embedded run has none of them."""
-
 
 @pytest.fixture(scope="module")
 def stack(random_tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
@@ -74,24 +54,6 @@ def two_stage_reference(e2e: Any, tmp_path_factory: pytest.TempPathFactory) -> A
     cfg = e2e.config(root, _two_stage)
     e2e.run(cfg, run_dir=root / "embedded")
     return e2e.rows(e2e.sqlite_url(root / "embedded"))
-
-
-def _assert_equal_to(rows: Any, ref: Any) -> None:
-    """Every step metric but timings and the distributed-only ones, and every eval, identical."""
-    skip = set(TIMING) | DISTRIBUTED_ONLY
-    assert len(rows.steps) == len(ref.steps)
-    for (_, _, g, dist), (_, _, g2, emb) in zip(rows.steps, ref.steps, strict=True):
-        assert g == g2
-        assert _comparable(dist, skip) == set(emb) - skip, g
-        for key in set(emb) - skip:
-            a, b = dist[key], emb[key]
-            assert a == b, (g, key, a, b)  # identical: same seeds, same weights, same functions
-    assert [e[:5] for e in rows.evals] == [e[:5] for e in ref.evals]
-    assert rows.eval_metrics == ref.eval_metrics  # sampled eval metrics and intervals too
-
-
-def _comparable(metrics: dict[str, Any], skip: set[str]) -> set[str]:
-    return {k for k in set(metrics) - skip if not k.startswith(DISTRIBUTED_ONLY_PREFIXES)}
 
 
 def _use(stack: LocalStack, config: Path, run_dir: Path, db: str | None) -> None:
@@ -171,7 +133,7 @@ def test_two_stage_cascade_with_distillation_matches_embedded(
 
     # same config and seed in one process: the same numbers, step for step (sampling is seeded
     # per request from (seed, batch, request); weights go through float32 safetensors unchanged)
-    _assert_equal_to(rows, two_stage_reference)
+    e2e.assert_equal_runs(rows, two_stage_reference)
     assert all(m["rollout_replicas"] == 1 and m["replicas_out"] == 0 for _, _, _, m in rows.steps)
 
 
@@ -250,7 +212,7 @@ def test_two_rollout_replicas_one_killed_mid_run_still_match_embedded(
     assert metrics[0]["rollout_replicas"] == 2 and metrics[0]["replicas_out"] == 0
     assert metrics[-1]["rollout_replicas"] == 1 and metrics[-1]["replicas_out"] == 1
     assert sum(m["replica_failures"] for m in metrics) == 1
-    _assert_equal_to(rows, two_stage_reference)
+    e2e.assert_equal_runs(rows, two_stage_reference)
 
 
 def _keys_left(prefix: str) -> list[bytes]:
@@ -336,11 +298,11 @@ def _wait(what: str, check: Any, timeout_s: float = 120, alive: Any = None) -> A
         time.sleep(0.1)
 
 
-def _same_steps(dist: Any, emb: Any) -> None:
-    skip = set(DISTRIBUTED_ONLY) | set(TIMING)
+def _same_steps(e2e: Any, dist: Any, emb: Any) -> None:
+    skip = set(e2e.DISTRIBUTED_ONLY) | set(TIMING)
     assert [s[:3] for s in dist.steps] == [s[:3] for s in emb.steps]
     for (_, _, g, a), (_, _, _, b) in zip(dist.steps, emb.steps, strict=True):
-        assert {k: v for k, v in a.items() if k in _comparable(a, skip)} == {
+        assert {k: v for k, v in a.items() if k in e2e.comparable_keys(a, skip)} == {
             k: v for k, v in b.items() if k not in skip
         }, g
 
@@ -434,7 +396,7 @@ def test_operator_pauses_resumes_advances_and_aborts_a_distributed_run(stack, e2
     cfg = e2e.config(tmp_path / "embedded-config", stopped_there)
     e2e.run(cfg, run_dir=embedded_dir)
     ref = e2e.rows(e2e.sqlite_url(embedded_dir))
-    _same_steps(rows, ref)
+    _same_steps(e2e, rows, ref)
     # the aborted run has no final eval of stage 2; every eval it made is the embedded run's
     assert [e[:5] for e in rows.evals] == [e[:5] for e in ref.evals][: len(rows.evals)]
 
@@ -494,7 +456,7 @@ def test_killed_learner_resumes_with_weights_and_teachers_restored(
     embedded_dir = tmp_path / "embedded"
     e2e.run(cfg, run_dir=embedded_dir)
     ref = e2e.rows(e2e.sqlite_url(embedded_dir))
-    _same_steps(rows, ref)  # the distillation steps after the kill used the restored teacher
+    _same_steps(e2e, rows, ref)  # the distillation steps after the kill used the restored teacher
     assert [e[:5] for e in rows.evals] == [e[:5] for e in ref.evals]
     assert rows.eval_metrics == ref.eval_metrics  # sampled eval metrics and intervals too
 
@@ -518,17 +480,17 @@ def _trained_two_stage(data: dict[str, Any]) -> None:
         stage["eval"] = {"every": 3}
 
 
-def _assert_close_to(rows: Any, ref: Any) -> None:
+def _assert_close_to(e2e: Any, rows: Any, ref: Any) -> None:
     """The same course as the one-process run: steps, trained samples, rewards and evals
     identical; losses, gradient norms and other floats close. They agree to float rounding, not
     bit for bit: the sharded update sums partial gradients in another order, and right after a
     teacher is registered (teacher = student) the distillation term is itself at rounding level,
     which AdamW's normalisation turns into steps of learning-rate size. The 1e-5 agreement on
     the same batches is tests/integration/test_sharded_learner.py's."""
-    skip = set(TIMING) | DISTRIBUTED_ONLY
+    skip = set(TIMING) | e2e.DISTRIBUTED_ONLY
     assert [s[:3] for s in rows.steps] == [s[:3] for s in ref.steps]
     for (_, _, g, dist), (_, _, _, emb) in zip(rows.steps, ref.steps, strict=True):
-        assert _comparable(dist, skip) == set(emb) - skip, g
+        assert e2e.comparable_keys(dist, skip) == set(emb) - skip, g
         for key in set(emb) - skip:
             a, b = dist[key], emb[key]
             if isinstance(b, float) and key not in ("reward_mean", "kept_sequences", "grpo_n_tokens"):
@@ -571,4 +533,4 @@ def test_two_rank_learner_with_two_rollout_replicas_matches_one_process(stack, e
     last = sorted((run_dir / "checkpoints").glob("step-*"))[-1]
     assert sorted(p.name for p in (last / "dcp").iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
     assert any(m["reward_mean"] > 0 for _, _, _, m in rows.steps)  # RL had something to learn from
-    _assert_close_to(rows, reference)
+    _assert_close_to(e2e, rows, reference)

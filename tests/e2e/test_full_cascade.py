@@ -6,27 +6,15 @@ evals stay in their ranges, and the report has a row per domain."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from cascade.bootstrap.policy import FULL_DOMAINS, FULL_SPEC, save_untrained_model
-from cascade.bootstrap.reward_model import build_tiny_reward_model
+from cascade.bootstrap.policy import FULL_DOMAINS
 
 STAGE_STEPS = 2
-
-
-@pytest.fixture(scope="module")
-def full_models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """(random policy with the full spec's tokenizer and size, tiny trained reward model)."""
-    root = tmp_path_factory.mktemp("full-models")
-    rm = root / "rm"
-    build_tiny_reward_model(rm, steps=20, log=lambda _: None)
-    spec = dataclasses.replace(FULL_SPEC, sft_problems=(100,) * 5, val_problems_per_domain=8)
-    return save_untrained_model(root / "policy", spec, reward_model=rm), rm
 
 
 @pytest.fixture(scope="module")

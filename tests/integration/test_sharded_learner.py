@@ -1,10 +1,11 @@
 """The sharded learner against one process, on the same batches: `tests/sharded_equivalence.py`
 under `torchrun --nproc-per-node 2` (gloo on this CPU) drives three updates of RL with a KL
-reference plus a distillation term (sampled, top-k, full) through `ShardedTrainer` and
-`LocalTrainer` side by side, then resumes a 2-rank checkpoint on 1 process and a 1-process
-checkpoint on 2 ranks. Step metrics (losses, gradient norms, distillation and GRPO metrics) and
-the updated weights must agree within 1e-5. Run a second time with the sharded side in
-micro-batches (each rank cutting its share, the vocabulary in chunks): the same bound."""
+reference and the behaviour correction (its mismatch maximum over ranks), plus a distillation
+term (sampled, top-k, full) through `ShardedTrainer` and `LocalTrainer` side by side, then
+resumes a 2-rank checkpoint on 1 process and a 1-process checkpoint on 2 ranks. Step metrics
+(losses, gradient norms, distillation and GRPO metrics) and the updated weights must agree
+within 1e-5. Run a second time with the sharded side in micro-batches (each rank cutting its
+share, the vocabulary in chunks): the same bound."""
 
 from __future__ import annotations
 
@@ -56,6 +57,7 @@ def test_two_ranks_make_the_update_of_one_process(report: dict) -> None:
         # a real update: RL and distillation both moved the weights
         assert s["grad_norm"][0] > 0.1 and abs(s["loss_distill"][0]) > 1e-3, s
         assert {"loss_rl", "loss_distill", "grad_norm_rl", "grad_norm_distill", "grpo_kl"} <= set(s["keys"])
+        assert {"grpo_mismatch_max", "grpo_mismatch_mean", "grpo_behaviour_dropped_frac"} <= set(s["keys"])
 
 
 def test_a_two_rank_checkpoint_resumes_on_one_process(report: dict) -> None:

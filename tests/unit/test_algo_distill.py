@@ -113,6 +113,7 @@ def test_sampled_on_policy_hand_values() -> None:
     assert out.loss.item() == pytest.approx(-0.211708, abs=1e-6)
     torch.testing.assert_close(student.grad, torch.tensor([[0.231049, -0.231049, 0.231049]]))
     assert out.metrics["reverse_kl"] == pytest.approx(0.231049, abs=1e-6)
+    assert out.metrics["overlap"] == pytest.approx((0.25 + 0.5 + 0.1) / 3, abs=1e-6)  # teacher mass
     assert out.metrics["kept_fraction"] == 1.0
 
 
@@ -137,6 +138,8 @@ def test_sampled_importance_weights_drop_out_of_range_tokens() -> None:
     torch.testing.assert_close(student.grad, torch.tensor([[0.519860, 0.0, 0.0, 0.207944, 0.0]]))
     assert out.metrics["kept_fraction"] == 0.5
     assert out.metrics["reverse_kl"] == pytest.approx(0.346574, abs=1e-6)
+    # the teacher's mass on the 4 counted tokens (the padding's 1e4 never enters)
+    assert out.metrics["overlap"] == pytest.approx((0.25 + 0.5 + 0.1 + 0.2) / 4, abs=1e-6)
     assert out.metrics["n_tokens"] == 4
 
 
