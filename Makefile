@@ -9,7 +9,7 @@ TINY_AGENT := models/tiny-agent
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: vllm-env install demo demo-full demo-cascade2 ablation ablation-agent test test-properties lint docs services sandbox faketime chromium clean bench-trl
+.PHONY: vllm-env install demo demo-full demo-cascade2 ablation ablation-seeds ablation-agent test test-properties lint docs services sandbox faketime chromium clean bench-trl
 
 $(STAMP): pyproject.toml $(shell find proto -name '*.proto')
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,11 @@ demo: install sandbox $(TINY)/config.json
 ablation: install sandbox $(TINY)/config.json
 	$(VENV)/bin/cascade run examples/tiny-cascade.yaml --resume
 	$(VENV)/bin/cascade run examples/tiny-cascade.yaml --resume --no-distill
+
+# The same with and without distillation over seeds 0, 1, 2 (two runs at a time), then the paired
+# differences with their intervals (bench/results/ablation_seeds.{json,md}).
+ablation-seeds: install sandbox $(TINY)/config.json
+	$(VENV)/bin/python bench/ablation_seeds.py --config examples/tiny-cascade.yaml --seeds 0 1 2
 
 # All five domains, RLHF -> IF -> math -> code -> SWE, on a model SFT'd on all five (plus the
 # tiny reward model rlhf needs, in $(TINY_FULL)/reward_model).

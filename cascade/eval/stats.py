@@ -130,3 +130,20 @@ def outside_noise(final: Interval | None, best: Interval | None) -> bool | None:
     if any(math.isnan(v) for v in (*final, *best)):
         return None
     return final[1] < best[0]
+
+
+T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
+"""Student's t 0.975 quantiles for 1..10 degrees of freedom (a two-sided 95% interval)."""
+
+
+def t_interval(values: Sequence[float]) -> tuple[float, float, float] | None:
+    """(mean, low, high): the two-sided 95% t interval of the mean of `values`, over a handful of
+    seeds (None below two values; past 11 values the normal quantile 1.96)."""
+    if len(values) < 2:
+        return None
+    n = len(values)
+    m = sum(values) / n
+    sd = math.sqrt(sum((v - m) ** 2 for v in values) / (n - 1))
+    t = T_975[n - 2] if n - 1 <= len(T_975) else 1.96
+    half = t * sd / math.sqrt(n)
+    return m, m - half, m + half

@@ -95,6 +95,45 @@ def render_markdown(table: RegressionTable) -> str:
     return "\n".join(lines) + "\n"
 
 
+def gate_phases(history: RunHistory) -> list[dict[str, Any]]:
+    """The MOPD phases the regression gate inserted (steps marked `gate_phase`), one per run of
+    consecutive such steps: the stage, the phase's steps and global steps."""
+    labels = {s.index: s.label for s in history.stages}
+    phases: list[dict[str, Any]] = []
+    for p in history.steps:
+        if not p.metrics.get("gate_phase"):
+            continue
+        last = phases[-1] if phases else None
+        if (
+            last is not None
+            and last["stage_index"] == p.stage_index
+            and last["last_global_step"] == p.global_step - 1
+        ):
+            last["last_global_step"] = p.global_step
+            last["steps"] += 1
+        else:
+            phases.append(
+                {
+                    "stage_index": p.stage_index,
+                    "stage": labels.get(p.stage_index),
+                    "steps": 1,
+                    "first_global_step": p.global_step,
+                    "last_global_step": p.global_step,
+                }
+            )
+    return phases
+
+
+def gate_phase_text(phases: list[dict[str, Any]]) -> str:
+    """One line per inserted phase, under the regression table ("" when there was none)."""
+    return "".join(
+        f"Regression gate: in stage '{ph['stage']}', an MOPD phase of {ph['steps']} steps (global steps "
+        f"{ph['first_global_step']}-{ph['last_global_step']}) distilled fallen domains from their best "
+        "checkpoints (the decision and its evidence: the stage's gate_opened / gate_closed events).\n"
+        for ph in phases
+    )
+
+
 def render_regression_table(
     table: RegressionTable, title: str | None = "Regression table"
 ) -> RegressionTableView:
@@ -448,8 +487,10 @@ def write_report(source: Session | RunHistory, run_id: int | None, out_dir: str 
     if history.run_id is not None:
         heading += f", run {history.run_id}"
     md = out / "regression_table.md"
-    md.write_text(f"{heading}\n\n{render_markdown(table)}\n{DEFINITIONS}\n")
-    regression_json = _write_json(out / "regression_table.json", table.to_dict())
+    phases = gate_phases(history)
+    gate = gate_phase_text(phases)
+    md.write_text(f"{heading}\n\n{render_markdown(table)}\n{gate + chr(10) if gate else ''}{DEFINITIONS}\n")
+    regression_json = _write_json(out / "regression_table.json", {**table.to_dict(), "gate_phases": phases})
     metrics = _write_json(out / "metrics.json", {**history.to_dict(), "regression_table": table.to_dict()})
     curves = plot_curves(history, out)
     combined = curves.pop("")
@@ -486,4 +527,8 @@ def _interval(value: Any) -> Interval | None:
 def print_regression_table(report_dir: str | Path, console: Console | None = None) -> None:
     """Print a finished run's table (from its report directory) to the terminal, fitted to its
     width."""
-    (console or Console()).print(render_regression_table(load_regression_table(report_dir)))
+    console = console or Console()
+    console.print(render_regression_table(load_regression_table(report_dir)))
+    phases = json.loads((Path(report_dir) / "regression_table.json").read_text()).get("gate_phases") or []
+    if phases:
+        console.print(gate_phase_text(phases).rstrip("\n"), markup=False)
