@@ -102,6 +102,12 @@ class TeacherPool:
             old = self._entries.get(name)
             if old is not None and old.path == p:
                 return self._status(name, old)
+            if old is not None and old.model is not None and old.bytes:  # a name sharing it counts it now
+                heir = next(
+                    (e for e in self._entries.values() if e is not old and e.model is old.model), None
+                )
+                if heir is not None:
+                    heir.bytes = old.bytes
             self._entries[name] = _Entry(path=p)
             return self._status(name, self._entries[name])
 
@@ -133,6 +139,17 @@ class TeacherPool:
             return LoadedTeacher(name, str(entry.path), model, _pad_id(model), embedding_rows(model), context)
 
     def _load(self, name: str, entry: _Entry) -> None:
+        twin = next(
+            (
+                e
+                for e in self._entries.values()
+                if e is not entry and e.path == entry.path and e.model is not None
+            ),
+            None,
+        )
+        if twin is not None:  # several domains' best checkpoint is one directory: one copy, counted once
+            entry.model, entry.bytes = twin.model, 0
+            return
         size = self._size(entry.path)
         if size > self.memory_budget_bytes:
             raise TeacherLoadError(
@@ -147,7 +164,9 @@ class TeacherPool:
             if used + size <= self.memory_budget_bytes:
                 break
             used -= other.bytes
-            other.model = None  # callers still scoring with it keep their reference
+            for sharing in self._entries.values():  # a shared copy goes for every name holding it
+                if sharing.path == other.path:
+                    sharing.model = None  # callers still scoring with it keep their reference
             self.evictions += 1
         try:
             entry.model = self._loader(entry.path, self.dtype, self.device)

@@ -371,3 +371,43 @@ def test_an_agent_stage_shows_its_tool_use(
     demo = browse(chromium, f"{api.url}/?cascade={demo_id}", tmp_path / "demo", "--dump-dom")
     assert 'data-state="ready"' in demo
     assert "no stage records turn metrics" in demo and "no eval metrics beside the primary scores" in demo
+
+
+def test_the_regression_gate_shows_its_decision_and_evidence(
+    chromium: str, served: tuple[ApiServer, str, int], tmp_path: Path
+) -> None:
+    """The gate's events as the runner writes them (`RunStore.gate_event`): the decision with each
+    fallen domain's two intervals, then the phase's end."""
+    api, db_url, cascade_id = served
+    engine = make_engine(db_url)
+    try:
+        with session_scope(engine) as s:
+            run = s.query(Run).filter_by(cascade_id=cascade_id).one()
+            stage = s.query(Stage).filter_by(cascade_id=cascade_id, index=1).one()
+            fallen = {
+                "domain": "math",
+                "best_step": 40,
+                "best": 0.359,
+                "best_low": 0.303,
+                "best_high": 0.42,
+                "now": 0.2,
+                "now_low": 0.155,
+                "now_high": 0.254,
+            }
+            opened = {"run_id": run.id, "global_step": 200, "fallen": [fallen], "max_steps": 20}
+            repo.log_event(
+                s, cascade_id=cascade_id, stage_id=stage.id, kind="gate_opened", actor="runner", detail=opened
+            )
+            closed = {"run_id": run.id, "global_step": 210, "outcome": "recovered", "steps": 10}
+            repo.log_event(
+                s, cascade_id=cascade_id, stage_id=stage.id, kind="gate_closed", actor="runner", detail=closed
+            )
+    finally:
+        engine.dispose()
+    _beat(db_url, cascade_id)
+    dom = browse(chromium, f"{api.url}/?cascade={cascade_id}", tmp_path / "p", "--dump-dom")
+    assert (
+        "regression gate at step 200: math 20.0% [15.5%-25.4%] below its best 35.9% [30.3%-42.0%] "
+        "(step 40): MOPD phase"
+    ) in dom, dom[-3000:]
+    assert "regression gate: recovered after 10 steps" in dom

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from rl_plans import random_plan
 
 from cascade.algo import BehaviourSettings, GrpoLossInput, GrpoNorms, grpo_loss, grpo_normalisers
 from cascade.config import GrpoConfig
@@ -49,26 +50,7 @@ def model(random_tiny_model: Path, torch_one_thread: None) -> torch.nn.Module:
 
 
 def _plan() -> RlPlan:
-    g = torch.Generator().manual_seed(5)
-    rows_p, rows_c, groups = [], [], []
-    for gid, size in enumerate([3, 4, 2, 4]):
-        prompt = torch.randint(5, 200, (int(torch.randint(2, 7, (1,), generator=g)),), generator=g).tolist()
-        for _ in range(size):
-            rows_p.append(prompt)
-            rows_c.append(
-                torch.randint(5, 200, (int(torch.randint(2, 12, (1,), generator=g)),), generator=g).tolist()
-            )
-            groups.append(gid)
-    return RlPlan(
-        metrics={"reward_mean": 0.5},
-        prompt_ids=rows_p,
-        completion_ids=rows_c,
-        group_ids=groups,
-        advantages=torch.randn(len(groups), generator=g).tolist(),
-        old_logprobs=None,
-        temperature=1.0,
-        global_rows=len(groups),
-    )
+    return random_plan(5)
 
 
 def _own(model: torch.nn.Module, plan: RlPlan) -> list[list[float]]:

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from rl_plans import random_plan
 
 from cascade.accel import resolve_learner
 from cascade.algo import GrpoNorms, grpo_normalisers
-from cascade.algo.turn_mask import TurnLayout
 from cascade.config import LearnerConfig, StageConfig
 from cascade.distill.modes import local_teacher_tokens
 from cascade.distill.samples import DistillSamples
@@ -90,35 +90,7 @@ def _stage(loss: str, aggregation: str = "token", kl: float = 0.05) -> StageConf
 
 
 def _plan(stale: bool, multi_turn: bool = False) -> RlPlan:
-    g = torch.Generator().manual_seed(7)
-    rows_p, rows_c, groups = [], [], []
-    for gid, size in enumerate([3, 4, 2, 4]):
-        prompt = torch.randint(5, 200, (int(torch.randint(2, 7, (1,), generator=g)),), generator=g).tolist()
-        for _ in range(size):
-            rows_p.append(prompt)
-            rows_c.append(
-                torch.randint(5, 200, (int(torch.randint(2, 12, (1,), generator=g)),), generator=g).tolist()
-            )
-            groups.append(gid)
-    # old log-probs far from the policy's: ratios land on both sides of the clip
-    old = [(-torch.rand(len(c), generator=g) * 8).tolist() for c in rows_c] if stale else None
-    layouts = None
-    if multi_turn:  # the middle third of each row is the environment's reply, never trained
-        layouts = []
-        for c in rows_c:
-            a, b = len(c) // 3, 2 * len(c) // 3
-            layouts.append(TurnLayout(((a, True), (b - a, False), (len(c) - b, True))))
-    return RlPlan(
-        metrics={"reward_mean": 0.5},
-        prompt_ids=rows_p,
-        completion_ids=rows_c,
-        group_ids=groups,
-        advantages=torch.randn(len(groups), generator=g).tolist(),
-        old_logprobs=old,
-        temperature=1.0,
-        global_rows=len(groups),
-        layouts=layouts,
-    )
+    return random_plan(7, stale=stale, multi_turn=multi_turn)
 
 
 def _distill(teacher: torch.nn.Module, loss: str, rollout_t: float) -> list[DistillData]:

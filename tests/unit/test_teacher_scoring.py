@@ -188,6 +188,22 @@ def test_pool_loads_on_demand_and_evicts_within_budget(tiny_checkpoints: dict[st
         broken.get("if")
 
 
+def test_pool_holds_one_copy_of_a_checkpoint_several_domains_share(tiny_checkpoints: dict[str, Path]) -> None:
+    one_model = 3_400_000
+    pool = TeacherPool(
+        {"math": tiny_checkpoints["base"], "code": tiny_checkpoints["base"]},
+        memory_budget_bytes=int(1.5 * one_model),
+    )
+    math = pool.get("math")
+    code = pool.get("code")  # the same directory: the loaded copy, no second load, no eviction
+    assert code.model is math.model and pool.loads == 1 and pool.evictions == 0
+    assert 0 < pool.resident_bytes < one_model * 1.1  # counted once
+    pool.set("math", tiny_checkpoints["perturbed1"])  # math's best moves on: code keeps (and counts) it
+    assert pool.get("code").model is math.model and 0 < pool.resident_bytes < one_model * 1.1
+    pool.get("math")  # two distinct copies do not fit: the shared one goes
+    assert pool.loads == 2 and pool.evictions == 1 and [s.loaded for s in pool.statuses()] == [False, True]
+
+
 def test_batcher_merges_requests_and_fails_bad_ones_alone(random_tiny_model: Path) -> None:
     pool = TeacherPool({"math": random_tiny_model}, memory_budget_bytes=1 << 30)
     batches: list[tuple[str, int, int]] = []

@@ -437,6 +437,17 @@ function eventText(e, stageNames) {
   if (e.kind === "teacher") {
     return `${where}teacher for ${d.domain} = checkpoint at step ${d.global_step} (${pct(d.score)})`;
   }
+  if (e.kind === "gate_opened") {
+    // the regression gate's decision with its evidence: each fallen domain's two intervals
+    const fallen = (d.fallen || []).map(
+      (f) => `${f.domain} ${pct(f.now)} [${pct(f.now_low)}-${pct(f.now_high)}] below its best ` +
+        `${pct(f.best)} [${pct(f.best_low)}-${pct(f.best_high)}] (step ${f.best_step})`,
+    );
+    return `${where}regression gate at step ${d.global_step}: ${fallen.join("; ")}: MOPD phase`;
+  }
+  if (e.kind === "gate_closed") {
+    return `${where}regression gate: ${d.outcome} after ${d.steps} steps`;
+  }
   const move = e.from_state || e.to_state ? ` ${e.from_state || ""} → ${e.to_state || ""}` : "";
   const why = d.command ? ` (${d.command})` : d.stopped_by ? ` (${d.stopped_by})` : "";
   return `${where}${e.kind}${move}${why}`;
