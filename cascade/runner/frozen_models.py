@@ -31,3 +31,9 @@ class FrozenModelCache:
         for unused in set(self._models) - set(self._paths.values()):  # replaced checkpoints
             del self._models[unused]
         return self._models[key]
+
+    def put(self, name: str, path: str | Path, model: PreTrainedModel) -> None:
+        """`model` as the copy of `path`, held under `name` (a model already in memory)."""
+        key = str(Path(path).resolve())
+        self._paths[name] = key
+        self._models[key] = model

@@ -191,9 +191,9 @@ def test_every_tensor_of_a_step_is_on_the_model_device(
     assert seen.count("rl_loss") == 2 and seen.count("apply_update") == 2
     assert log.calls > 100
     assert log.devices == {device}
-    teacher = next(iter(runner.sources.teachers.frozen._models.values()))[1]  # type: ignore[attr-defined]
+    teacher = next(iter(runner.sources.teachers.frozen._models.values()))  # type: ignore[attr-defined]
     assert teacher.device == device and next(teacher.parameters()).dtype == torch.float32
-    reference = next(iter(runner.trainer.frozen._models.values()))[1]  # type: ignore[attr-defined]
+    reference = next(iter(runner.trainer.frozen._models.values()))  # type: ignore[attr-defined]
     assert reference.device == device
 
 

@@ -116,7 +116,8 @@ def _update(
     optimizer = torch.optim.SGD(model.parameters(), lr=req.lr)
     frozen = FrozenModelCache("float32")
     if reference is not None:
-        frozen._models["reference"] = (str(req.reference), reference)
+        assert req.reference is not None
+        frozen.put("reference", req.reference, reference)
     metrics, _ = run_update(model, optimizer, req, lambda: fetched, accel=accel, frozen=frozen)
     grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
     return metrics, grads, model.state_dict()
