@@ -9,6 +9,8 @@ averaged over those completions' tokens."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
@@ -19,6 +21,7 @@ from cascade.engine.batch import SequenceBatch, build_batch
 from cascade.engine.logprobs import completion_logits
 from cascade.model.loading import Policy
 from cascade.rollout.policy import sample_completions
+from cascade.runner.frozen_models import FrozenModelCache
 
 
 def drift_probe(
@@ -51,3 +54,35 @@ def drift_kl(policy: PreTrainedModel, start: PreTrainedModel, probe: SequenceBat
         mask = sb.completion_mask != 0
         n = int(mask.sum())
         return float(torch.where(mask, kl, torch.zeros_like(kl)).sum()) / n if n else 0.0
+
+
+class DriftWarning:
+    """The readings of one run: the stage-start policy loaded once per checkpoint, the probe made
+    once per stage (from that policy), each reading against the policy being trained."""
+
+    def __init__(self, dtype: str, device: torch.device | str) -> None:
+        self._frozen = FrozenModelCache(dtype, device)
+        self._probes: dict[str, SequenceBatch] = {}
+        self._probes_of = -1
+
+    def readings(
+        self,
+        stage_index: int,
+        policy: Policy,
+        start_path: Path,
+        chat: ChatConfig,
+        problems: dict[str, list[Problem]],
+        *,
+        max_new_tokens: int,
+        thinking: bool,
+    ) -> dict[str, float]:
+        """`drift_kl/<domain>` for each domain of `problems` (its probe's prompts)."""
+        start = self._frozen.get("stage-start", start_path)
+        if self._probes_of != stage_index:
+            start_policy = Policy(start, policy.tokenizer)
+            self._probes = {
+                d: drift_probe(start_policy, chat, probs, max_new_tokens=max_new_tokens, thinking=thinking)
+                for d, probs in problems.items()
+            }
+            self._probes_of = stage_index
+        return {f"drift_kl/{d}": drift_kl(policy.model, start, probe) for d, probe in self._probes.items()}

@@ -36,12 +36,10 @@ from cascade.config.schedules import ConstantSchedule
 from cascade.domains import load_problems, make_domain
 from cascade.domains.agent import prompt_tools
 from cascade.domains.base import Domain, NeedsPreparing, Problem
-from cascade.engine.batch import SequenceBatch
 from cascade.engine.microbatch import MicroBatching
 from cascade.eval.evaluate import evaluate_domain
 from cascade.eval.results import DomainEval
 from cascade.model.chat import completion_decoder, encode_prompts, token_encoder
-from cascade.model.loading import Policy
 from cascade.parallel.world import World
 from cascade.resilience import resilience_metrics
 from cascade.rollout.requests import PromptRequest, RolloutBatch, merge_chunks, request_seed
@@ -55,9 +53,8 @@ from cascade.runner.checkpoint import (
 from cascade.runner.curriculum import AdvanceTracker, TeacherRegistry
 from cascade.runner.distill import DistillData, DistillJob, fetch_distill
 from cascade.runner.domain_mix import per_domain_metrics, prompt_counts
-from cascade.runner.drift import drift_kl, drift_probe
+from cascade.runner.drift import DriftWarning
 from cascade.runner.fresh import check_is_run_dir, check_not_held, check_not_nested, move_aside
-from cascade.runner.frozen_models import FrozenModelCache
 from cascade.runner.gate import fallen_domains
 from cascade.runner.lease import LeaseKeeper
 from cascade.runner.planning import distill_seed, plan_requests
@@ -197,10 +194,8 @@ class CascadeRunner:
         self.state = RunState()
         self._last_evals: dict[str, DomainEval] = {}
         """Each domain's latest eval (the advance rule's and the regression gate's)."""
-        self._frozen: FrozenModelCache | None = None
-        """The stage-start policy of the drift warning (loaded at its first reading)."""
-        self._probes: dict[str, SequenceBatch] = {}
-        self._probes_of = -1
+        self._drift_warning: DriftWarning | None = None
+        """The drift warning's stage-start policy and probes (made at its first reading)."""
         # the newest checkpoint that proves itself (manifest, finite weights); the ones skipped, in one line
         self.resume_from = newest_verified_checkpoint(self.ckpt_root, self.log) if resume else None
         if resume and self.resume_from is None and self.previous is not None:
@@ -794,26 +789,17 @@ class CascadeRunner:
         domains = self.cfg.gate_domains(i)
         if every <= 0 or self.state.stage_step % every or not domains or self.world.size > 1:
             return {}
-        if self._frozen is None:
-            self._frozen = FrozenModelCache(self.accel.frozen_dtype, self.accel.device)
-        start = self._frozen.get("stage-start", self._stage_start(stage))
-        if self._probes_of != i:
-            start_policy = Policy(start, self.policy.tokenizer)
-            budget = token_budget(stage.grpo.budget, 0)
-            self._probes = {
-                d: drift_probe(
-                    start_policy,
-                    self.cfg.chat,
-                    self.eval_problems[d][: stage.gate.drift_prompts],
-                    max_new_tokens=budget,
-                    thinking=stage.grpo.thinking,
-                )
-                for d in domains
-            }
-            self._probes_of = i
-        return {
-            f"drift_kl/{d}": drift_kl(self.policy.model, start, probe) for d, probe in self._probes.items()
-        }
+        if self._drift_warning is None:
+            self._drift_warning = DriftWarning(self.accel.frozen_dtype, self.accel.device)
+        return self._drift_warning.readings(
+            i,
+            self.policy,
+            self._stage_start(stage),
+            self.cfg.chat,
+            {d: self.eval_problems[d][: stage.gate.drift_prompts] for d in domains},
+            max_new_tokens=token_budget(stage.grpo.budget, 0),
+            thinking=stage.grpo.thinking,
+        )
 
     # ------------------------------------------------------------------ eval, teachers, checkpoints
 
